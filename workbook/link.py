@@ -1,0 +1,402 @@
+"""The simulated interconnect: a link model that makes CPU runs communicate at realistic cost.
+
+Why it exists
+-------------
+Two CPU ranks on one laptop talk over loopback gloo, where moving a tensor costs about as much
+as copying it. On a GPU cluster the same tensor crosses NVLink or InfiniBand, and that transfer
+takes a sizeable share of a training step (the Domino paper measures up to 43-47% on DGX-H100,
+arXiv 2409.15241). Without that cost there is nothing to hide, and overlap lessons show nothing.
+
+The model
+---------
+Every operation a rank issues on the process group gets a *modelled* duration, the alpha-beta
+model that nccl-tests uses to turn time into bus bandwidth::
+
+    t(op) = latency + size_bytes * bus_factor(op, n) / bandwidth
+
+with the nccl-tests bus factors (n ranks): all-reduce 2(n-1)/n; all-gather, reduce-scatter,
+all-to-all, gather and scatter (n-1)/n, counted on the full n-rank buffer; broadcast, reduce,
+send and recv 1; barrier 0 (latency only).
+
+The link is a *resource*: like one NCCL stream, it carries one operation at a time, in issue
+order. Operation k starts when every rank has arrived (the real gloo op has completed) and the
+link is free, and ends t(op_k) later::
+
+    end_k = max(arrival_k, end_{k-1}) + t(op_k)
+
+The modelled time is paid only when the result is needed: ``work.wait()`` (which a synchronous
+call makes for you) sleeps until ``end_k``. Compute issued between an async op and its wait
+therefore runs *during* the modelled transfer: overlap on CPU is real wall-clock overlap.
+
+Calibration
+-----------
+A CPU computes about 10^4 times slower than an H100. To keep the *ratio* of communication to
+compute that the real machine has, a preset's bandwidth is scaled by the ratio of the local
+matmul rate to the hardware's peak, and its latency by the inverse::
+
+    bandwidth_sim = bandwidth_hw * (flops_local / flops_hw)
+    latency_sim   = latency_hw   * (flops_hw / flops_local)
+
+so a CPU run is the real machine in slow motion. Every figure measured on this link is a
+*simulated* figure and is labelled so (``Link.label``).
+
+Mechanics: ``dist.Backend.register_backend`` installs a backend named ``gloo_link`` whose
+process group wraps ``ProcessGroupGloo`` and returns works that add the modelled wait.
+Learners keep writing plain ``dist.all_reduce(t, async_op=True)``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+BACKEND_NAME = "gloo_link"
+ENV_LINK = "WORKBOOK_LINK"            # preset name, or a JSON Link
+ENV_LOCAL_FLOPS = "WORKBOOK_LOCAL_FLOPS"
+
+
+# --------------------------------------------------------------------------- presets
+@dataclass(frozen=True)
+class Preset:
+    """A real interconnect and the compute it feeds (the numbers the calibration keeps in ratio)."""
+    name: str
+    description: str
+    bandwidth_GBps: float    # bus bandwidth of the link, GB/s (1e9 bytes/s)
+    latency_us: float        # per-operation latency on the real hardware
+    peak_tflops: float       # dense bf16 matmul rate of one GPU on that machine
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    Preset("dgx-h100", "DGX-H100 intra-node NVLink 4 / NVSwitch, 900 GB/s, H100 bf16 ~790 TFLOP/s",
+           900.0, 2.0, 790.0),
+    Preset("dgx-h100-ib", "DGX-H100 across nodes, 8x ConnectX-7 InfiniBand = 400 GB/s per node "
+           "(the Domino paper's multi-node setting)", 400.0, 5.0, 790.0),
+    Preset("dgx-a100", "DGX-A100 intra-node NVLink 3, 600 GB/s, A100 bf16 ~312 TFLOP/s",
+           600.0, 2.0, 312.0),
+    Preset("pcie-h100", "H100 PCIe without NVLink, ~64 GB/s PCIe 5 x16 (a slow link, for sweeps)",
+           64.0, 5.0, 790.0),
+]}
+
+
+def preset_names() -> list[str]:
+    return ["none", *PRESETS]
+
+
+# --------------------------------------------------------------------------- the cost model
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' factor between algorithm bandwidth (size / time) and bus bandwidth."""
+    if n <= 1:
+        return 0.0
+    if op in ("all_reduce",):
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    if op in ("broadcast", "reduce", "send", "recv"):
+        return 1.0
+    return 0.0                                           # barrier and anything size-free
+
+
+@dataclass(frozen=True)
+class Link:
+    """A calibrated simulated link: what a CPU run actually pays per byte and per operation."""
+    preset: str
+    bandwidth_Bps: float     # simulated bytes per second
+    latency_s: float         # simulated seconds per operation
+    local_flops: float       # the local matmul rate the calibration used
+    scale: float             # flops_local / flops_hw: the slow-motion factor
+
+    def op_time(self, op: str, size_bytes: int, n: int) -> float:
+        """Modelled seconds for one operation (see the module docstring)."""
+        if n <= 1 and op not in ("send", "recv"):
+            return 0.0
+        return self.latency_s + size_bytes * bus_factor(op, n) / self.bandwidth_Bps
+
+    @property
+    def label(self) -> str:
+        return f"simulated link: {self.preset} (calibrated to {self.local_flops / 1e9:.0f} GFLOP/s local)"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    def describe(self) -> dict:
+        p = PRESETS[self.preset]
+        return {"preset": self.preset, "simulated": True, "description": p.description,
+                "hw_bandwidth_GBps": p.bandwidth_GBps, "hw_latency_us": p.latency_us,
+                "hw_peak_tflops": p.peak_tflops, "bandwidth_GBps": self.bandwidth_Bps / 1e9,
+                "latency_us": self.latency_s * 1e6, "local_gflops": self.local_flops / 1e9,
+                "scale": self.scale}
+
+
+def measure_local_flops(n: int = 384, seconds: float = 0.25) -> float:
+    """Measure this process's fp32 matmul rate (FLOP/s) with its current torch thread count."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b                                                 # warm-up
+    count, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < seconds:
+        a @ b
+        count += 1
+    return 2.0 * n ** 3 * count / elapsed
+
+
+def make_link(preset: str, local_flops: float | None = None) -> Link | None:
+    """Calibrate ``preset`` to this machine; ``"none"`` gives no link."""
+    if preset in (None, "", "none"):
+        return None
+    if preset not in PRESETS:
+        raise ValueError(f"unknown link preset {preset!r}: choose one of {', '.join(preset_names())}")
+    p = PRESETS[preset]
+    flops = local_flops or float(os.environ.get(ENV_LOCAL_FLOPS, 0)) or measure_local_flops()
+    scale = flops / (p.peak_tflops * 1e12)
+    return Link(preset, p.bandwidth_GBps * 1e9 * scale, p.latency_us * 1e-6 / scale, flops, scale)
+
+
+def link_from_env() -> Link | None:
+    raw = os.environ.get(ENV_LINK, "none")
+    if raw.startswith("{"):
+        return Link(**json.loads(raw))
+    return make_link(raw)
+
+
+# --------------------------------------------------------------------------- the op log
+@dataclass
+class OpRecord:
+    """One operation on the link. Times are ``time.perf_counter_ns()`` of this rank."""
+    seq: int
+    op: str
+    size_bytes: int
+    group_size: int
+    async_op: bool
+    issued_ns: int
+    modelled_ns: int
+    arrival_ns: int = 0      # the real gloo op completed: every peer had arrived
+    start_ns: int = 0        # the link started carrying it (arrival, or later if busy)
+    end_ns: int = 0          # modelled completion
+
+
+class _LinkState:
+    """Per-process state of the link: the calibrated model, the queue, and the log of ops."""
+
+    def __init__(self) -> None:
+        self.link: Link | None = None
+        self.lock = threading.Lock()
+        self.pending: list[tuple[OpRecord, object]] = []   # issued, not yet resolved, in order
+        self.free_at_ns = 0
+        self.log: list[OpRecord] = []
+        self.seq = 0
+
+    def reset(self, link: Link | None) -> None:
+        with self.lock:
+            self.link, self.pending, self.free_at_ns, self.log, self.seq = link, [], 0, [], 0
+
+
+STATE = _LinkState()
+
+
+def set_link(link: Link | None) -> None:
+    """Use ``link`` for the ops issued from now on in this process (all ranks must agree)."""
+    STATE.reset(link)
+
+
+def current_link() -> Link | None:
+    return STATE.link
+
+
+def op_log() -> list[OpRecord]:
+    """Every op this rank put on the link since the last ``set_link``, resolved ones first."""
+    return list(STATE.log)
+
+
+def _resolve_through(record: OpRecord) -> None:
+    """Resolve the queue in issue order up to ``record``: end_k = max(arrival_k, end_{k-1}) + t_k."""
+    while True:
+        with STATE.lock:
+            if record.end_ns or not STATE.pending:
+                return
+            head, inner = STATE.pending[0]
+        inner.wait()
+        with STATE.lock:
+            if STATE.pending and STATE.pending[0][0] is head and not head.end_ns:
+                STATE.pending.pop(0)
+                head.arrival_ns = head.arrival_ns or time.perf_counter_ns()
+                head.start_ns = max(head.arrival_ns, STATE.free_at_ns)
+                head.end_ns = head.start_ns + head.modelled_ns
+                STATE.free_at_ns = head.end_ns
+                STATE.log.append(head)
+
+
+def _note_arrival(record: OpRecord) -> None:
+    record.arrival_ns = time.perf_counter_ns()
+
+
+class LinkWork(dist._Work):
+    """A work whose ``wait()`` also waits out the modelled transfer time."""
+
+    def __init__(self, inner, record: OpRecord | None, result=None):
+        super().__init__()
+        self._inner, self._record, self._result = inner, record, result
+
+    def wait(self, timeout=None):
+        if self._record is None:
+            return self._inner.wait()
+        _resolve_through(self._record)
+        delay = (self._record.end_ns - time.perf_counter_ns()) / 1e9
+        if delay > 0:
+            with torch.profiler.record_function(f"link_wait:{self._record.op}"):
+                time.sleep(delay)
+        return True
+
+    def is_completed(self):
+        return bool(self._record is None and self._inner.is_completed()) or (
+            self._record is not None and self._record.end_ns != 0
+            and time.perf_counter_ns() >= self._record.end_ns)
+
+    def is_success(self):
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def result(self):
+        return self._inner.result()
+
+    def get_future(self):
+        return self._inner.get_future()
+
+    def source_rank(self):
+        return self._inner.source_rank()
+
+    def synchronize(self):
+        return self.wait()
+
+
+def _nbytes(tensors) -> int:
+    total = 0
+    for t in tensors:
+        if isinstance(t, (list, tuple)):
+            total += _nbytes(t)
+        elif isinstance(t, torch.Tensor):
+            total += t.numel() * t.element_size()
+    return total
+
+
+class LinkedProcessGroup(dist.ProcessGroup):
+    """A process group that runs every op on gloo and charges it to the simulated link.
+
+    Sizes follow nccl-tests: all-gather counts the gathered output, reduce-scatter the full input,
+    gather/scatter the n-rank buffer, everything else the buffer a rank passes in.
+    """
+
+    def __init__(self, store, rank: int, size: int, timeout):
+        super().__init__(rank, size)
+        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    def getBackendName(self):            # noqa: N802  (name fixed by c10d)
+        return BACKEND_NAME
+
+    # -- the bookkeeping every op shares
+    def _charge(self, op: str, inner, size_bytes: int, async_op: bool = True):
+        link = STATE.link
+        if link is None:
+            return LinkWork(inner, None)
+        n = self.size()
+        rec = OpRecord(0, op, size_bytes, n, async_op, time.perf_counter_ns(),
+                       int(link.op_time(op, size_bytes, n) * 1e9))
+        try:                             # note the moment gloo finishes (on gloo's thread)
+            inner.get_future().then(lambda _f: _note_arrival(rec))
+        except Exception:                # a work without a future: arrival is taken at wait()
+            pass
+        with STATE.lock:
+            STATE.seq += 1
+            rec.seq = STATE.seq
+            STATE.pending.append((rec, inner))
+        return LinkWork(inner, rec)
+
+    # -- collectives
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        return self._charge("all_reduce", self._gloo.allreduce(tensors, opts), _nbytes(tensors))
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        return self._charge("broadcast", self._gloo.broadcast(tensors, opts), _nbytes(tensors))
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        return self._charge("reduce", self._gloo.reduce(tensors, opts), _nbytes(tensors))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._charge("all_gather", self._gloo.allgather(output_tensors, input_tensors, opts),
+                            _nbytes(output_tensors))
+
+    def all_gather_single(self, output, input, opts=None):      # torch >= 2.6 routes here
+        return self._allgather_base(output, input, opts)
+
+    def _allgather_base(self, output, input, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._charge("all_gather", self._gloo._allgather_base(output, input, opts),
+                            _nbytes([output]))
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        return self._charge("gather", self._gloo.gather(output_tensors, input_tensors, opts),
+                            _nbytes(input_tensors) * self.size())
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
+        return self._charge("scatter", self._gloo.scatter(output_tensors, input_tensors, opts),
+                            _nbytes(output_tensors) * self.size())
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        return self._charge("reduce_scatter",
+                            self._gloo.reduce_scatter(output_tensors, input_tensors, opts),
+                            _nbytes(input_tensors))
+
+    def reduce_scatter_single(self, output, input, opts=None):  # torch >= 2.6 routes here
+        return self._reduce_scatter_base(output, input, opts)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        return self._charge("reduce_scatter", self._gloo._reduce_scatter_base(output, input, opts),
+                            _nbytes([input]))
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        return self._charge("all_to_all", self._gloo.alltoall_base(
+            output, input, output_split_sizes, input_split_sizes, opts), _nbytes([input]))
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        return self._charge("all_to_all", self._gloo.alltoall(output_tensors, input_tensors, opts),
+                            _nbytes(input_tensors))
+
+    def barrier(self, opts=None):
+        opts = opts or dist.BarrierOptions()
+        return self._charge("barrier", self._gloo.barrier(opts), 0)
+
+    # -- point to point
+    def send(self, tensors, dst, tag=0):
+        return self._charge("send", self._gloo.send(tensors, dst, tag), _nbytes(tensors))
+
+    def recv(self, tensors, src, tag=0):
+        return self._charge("recv", self._gloo.recv(tensors, src, tag), _nbytes(tensors))
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._charge("recv", self._gloo.recv_anysource(tensors, tag), _nbytes(tensors))
+
+
+def _create(store, rank, size, timeout):
+    return LinkedProcessGroup(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Make ``gloo_link`` a torch.distributed backend (idempotent)."""
+    if BACKEND_NAME.upper() not in dist.Backend.backend_list and \
+            BACKEND_NAME not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])

@@ -1,0 +1,146 @@
+"""Classifying trace events: what kind of time is each span?
+
+Overlap analysis asks one question of every span in a trace: *was this rank
+computing, communicating, copying memory, or waiting?*  This module answers
+it with a few rules, applied per rank.
+
+On a GPU (the trace holds ``kernel`` events)
+    * a kernel whose name contains ``nccl`` (``ncclKernel_*``,
+      ``ncclDevKernel_*``) is **communication**, whatever stream it ran on;
+    * every other kernel is **compute**;
+    * ``gpu_memcpy`` and ``gpu_memset`` are **memcpy**;
+    * host-side spans (operators, Python ranges) are only *host activity*:
+      the GPU is the device whose time we account for, as Holistic Trace
+      Analysis does.
+
+On a CPU (no kernels: the course's laptop labs over gloo)
+    * spans on the ``link`` thread (category ``link``), written by the
+      workbook's simulated interconnect, are **communication**;
+    * ``gloo:*`` spans, on gloo's own threads, are **communication** *only
+      when the rank has no link track*: with the simulated link the gloo
+      spans are the real (fast, local) transfer underneath the modelled one,
+      and counting both would count the same collective twice;
+    * ``link_wait:*`` ranges and the host side of a blocking collective
+      (``c10d::*``, ``nccl:*``, ``record_param_comms``) are **wait**: the
+      compute thread is blocked, not computing;
+    * every other operator (``aten::*``, autograd functions) and user
+      ``record_function`` range is **compute**.  Nested spans are not counted
+      twice because the analysis takes the *union* of intervals, and waits
+      are cut out of that union afterwards.
+
+Everywhere, ``ProfilerStep#N`` ranges are **step** markers, and user ranges
+(``record_function``) are also **phase** candidates for queries such as
+"collectives during backward".
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .load import Trace
+
+COMPUTE, COMM, MEMCPY, WAIT, STEP, HOST, OTHER = range(7)
+#: Human names of the category codes, indexable by code.
+KINDS = ("compute", "communication", "memcpy", "wait", "step", "host", "other")
+
+_WAIT_PREFIXES = ("link_wait:", "c10d::", "nccl:", "record_param_comms")
+_USER_CATS = ("user_annotation", "gpu_user_annotation")
+
+# Canonical collective names: lower-case, no separators -> snake_case.
+_CANON = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "allgatherbase": "all_gather",
+    "allgatherintotensor": "all_gather", "allgathercoalesced": "all_gather",
+    "reducescatter": "reduce_scatter", "reducescatterbase": "reduce_scatter",
+    "reducescattertensor": "reduce_scatter", "broadcast": "broadcast", "bcast": "broadcast",
+    "reduce": "reduce", "gather": "gather", "scatter": "scatter", "barrier": "barrier",
+    "alltoall": "all_to_all", "alltoallv": "all_to_all", "alltoallbase": "all_to_all",
+    "send": "send", "recv": "recv", "sendrecv": "send_recv", "isend": "send", "irecv": "recv",
+}
+_NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.I)
+
+
+def canonical_collective(name: str) -> str:
+    """Map the many spellings of a collective to one name.
+
+    ``all_reduce`` (link span), ``gloo:all_reduce``, ``allreduce`` (NCCL's
+    ``Collective name`` arg) and ``ncclDevKernel_AllReduce_Sum_f32_RING_LL``
+    all become ``"all_reduce"``.  Unknown names are returned unchanged.
+    """
+    raw = name
+    m = _NCCL_KERNEL.match(name)
+    if m:
+        name = m.group(1)
+    for prefix in ("gloo:", "nccl:", "c10d::", "link_wait:"):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    key = name.lower().replace("_", "").replace("-", "").rstrip("_")
+    return _CANON.get(key, raw if not m else name)
+
+
+def has_link_track(trace: Trace) -> bool:
+    """Does this rank's trace carry simulated-link spans?"""
+    return "link" in trace.cats or any(t.tid == "link" for t in trace.tracks)
+
+
+def classify(trace: Trace) -> np.ndarray:
+    """Return one category code (``COMPUTE``, ``COMM``...) per event.
+
+    The rule is evaluated once per distinct (name, category, on-link-track)
+    combination and then spread over the events with numpy, so the cost is
+    a handful of array operations whatever the number of events.
+    """
+    cached = getattr(trace, "_kinds", None)
+    if cached is not None:
+        return cached
+    gpu = trace.device == "cuda"
+    link = has_link_track(trace)
+    link_tracks = np.array([t.tid == "link" or t.name == "link" for t in trace.tracks], dtype=bool)
+    on_link = link_tracks[trace.track_id] if len(trace.tracks) else np.zeros(len(trace), bool)
+    key = (trace.name_id.astype(np.int64) * (len(trace.cats) + 1) + trace.cat_id) * 2 + on_link
+    uniq, inverse = np.unique(key, return_inverse=True)
+    codes = np.empty(len(uniq), dtype=np.int8)
+    ncat = len(trace.cats) + 1
+    for i, k in enumerate(uniq.tolist()):
+        is_link = bool(k & 1)
+        nc = k >> 1
+        codes[i] = _rule(trace.names[nc // ncat], trace.cats[nc % ncat], is_link, gpu, link)
+    kinds = codes[inverse.reshape(-1)]
+    trace._kinds = kinds
+    return kinds
+
+
+def _rule(name: str, cat: str, on_link: bool, gpu: bool, link: bool) -> int:
+    if cat == "link" or on_link:
+        return COMM
+    if name.startswith("gloo:"):
+        return OTHER if link else COMM
+    if cat == "kernel":
+        return COMM if "nccl" in name.lower() else COMPUTE
+    if cat in ("gpu_memcpy", "gpu_memset"):
+        return MEMCPY
+    if cat == "gpu_user_annotation":
+        return OTHER
+    if name.startswith("ProfilerStep#"):
+        return STEP
+    if name.startswith(_WAIT_PREFIXES):
+        return HOST if gpu else WAIT
+    if cat in ("cpu_op", "user_annotation", "") or cat.startswith("cpu"):
+        return HOST if gpu else COMPUTE
+    return OTHER
+
+
+def is_phase_range(trace: Trace) -> np.ndarray:
+    """Boolean mask of the user ``record_function`` ranges usable as phases
+    (not step markers, not gloo/link spans, not waits)."""
+    user = np.isin(trace.cat_id, [i for i, c in enumerate(trace.cats) if c in _USER_CATS])
+    bad = np.array([n.startswith(("ProfilerStep#", "gloo:") + _WAIT_PREFIXES) for n in trace.names]
+                   or [False], dtype=bool)
+    return user & ~bad[trace.name_id]
+
+
+def collective_of(trace: Trace, index: int) -> str:
+    """The canonical collective name of communication event ``index``."""
+    given = trace.coll_name.get(index)
+    return canonical_collective(given if given else trace.names[trace.name_id[index]])
