@@ -19,14 +19,16 @@ all-to-all, gather and scatter (n-1)/n, counted on the full n-rank buffer; broad
 send and recv 1; barrier 0 (latency only).
 
 The link is a *resource*: like one NCCL stream, it carries one operation at a time, in issue
-order. Operation k starts when every rank has arrived (the real gloo op has completed) and the
-link is free, and ends t(op_k) later::
+order. Operation k, issued at time i_k, starts when it is issued and the link is free, and ends
+t(op_k) later::
 
-    end_k = max(arrival_k, end_{k-1}) + t(op_k)
+    start_k = max(i_k, end_{k-1}),    end_k = start_k + t(op_k)
 
 The modelled time is paid only when the result is needed: ``work.wait()`` (which a synchronous
-call makes for you) sleeps until ``end_k``. Compute issued between an async op and its wait
-therefore runs *during* the modelled transfer: overlap on CPU is real wall-clock overlap.
+call makes for you) returns once the real gloo op is done *and* ``end_k`` has passed. Compute
+issued between an async op and its wait therefore runs *during* the modelled transfer: overlap
+on CPU is real wall-clock overlap. A peer that arrives late still delays the real op, so rank
+skew shows up as waiting beyond the modelled time (``OpRecord.arrival_ns`` records it).
 
 Calibration
 -----------
@@ -173,9 +175,9 @@ class OpRecord:
     async_op: bool
     issued_ns: int
     modelled_ns: int
-    arrival_ns: int = 0      # the real gloo op completed: every peer had arrived
-    start_ns: int = 0        # the link started carrying it (arrival, or later if busy)
-    end_ns: int = 0          # modelled completion
+    start_ns: int = 0        # the link starts carrying it: issued, or later if the link is busy
+    end_ns: int = 0          # modelled completion: start + modelled
+    arrival_ns: int = 0      # the real gloo op completed (every peer had arrived): skew shows here
 
 
 class _LinkState:
@@ -184,14 +186,13 @@ class _LinkState:
     def __init__(self) -> None:
         self.link: Link | None = None
         self.lock = threading.Lock()
-        self.pending: list[tuple[OpRecord, object]] = []   # issued, not yet resolved, in order
         self.free_at_ns = 0
         self.log: list[OpRecord] = []
         self.seq = 0
 
     def reset(self, link: Link | None) -> None:
         with self.lock:
-            self.link, self.pending, self.free_at_ns, self.log, self.seq = link, [], 0, [], 0
+            self.link, self.free_at_ns, self.log, self.seq = link, 0, [], 0
 
 
 STATE = _LinkState()
@@ -207,26 +208,8 @@ def current_link() -> Link | None:
 
 
 def op_log() -> list[OpRecord]:
-    """Every op this rank put on the link since the last ``set_link``, resolved ones first."""
+    """Every op this rank put on the link since the last ``set_link``, in issue order."""
     return list(STATE.log)
-
-
-def _resolve_through(record: OpRecord) -> None:
-    """Resolve the queue in issue order up to ``record``: end_k = max(arrival_k, end_{k-1}) + t_k."""
-    while True:
-        with STATE.lock:
-            if record.end_ns or not STATE.pending:
-                return
-            head, inner = STATE.pending[0]
-        inner.wait()
-        with STATE.lock:
-            if STATE.pending and STATE.pending[0][0] is head and not head.end_ns:
-                STATE.pending.pop(0)
-                head.arrival_ns = head.arrival_ns or time.perf_counter_ns()
-                head.start_ns = max(head.arrival_ns, STATE.free_at_ns)
-                head.end_ns = head.start_ns + head.modelled_ns
-                STATE.free_at_ns = head.end_ns
-                STATE.log.append(head)
 
 
 def _note_arrival(record: OpRecord) -> None:
@@ -241,9 +224,11 @@ class LinkWork(dist._Work):
         self._inner, self._record, self._result = inner, record, result
 
     def wait(self, timeout=None):
+        self._inner.wait()
         if self._record is None:
-            return self._inner.wait()
-        _resolve_through(self._record)
+            return True
+        if not self._record.arrival_ns:
+            self._record.arrival_ns = time.perf_counter_ns()
         delay = (self._record.end_ns - time.perf_counter_ns()) / 1e9
         if delay > 0:
             with torch.profiler.record_function(f"link_wait:{self._record.op}"):
@@ -310,10 +295,13 @@ class LinkedProcessGroup(dist.ProcessGroup):
             inner.get_future().then(lambda _f: _note_arrival(rec))
         except Exception:                # a work without a future: arrival is taken at wait()
             pass
-        with STATE.lock:
+        with STATE.lock:                 # the link carries one op at a time, in issue order
             STATE.seq += 1
             rec.seq = STATE.seq
-            STATE.pending.append((rec, inner))
+            rec.start_ns = max(rec.issued_ns, STATE.free_at_ns)
+            rec.end_ns = rec.start_ns + rec.modelled_ns
+            STATE.free_at_ns = rec.end_ns
+            STATE.log.append(rec)
         return LinkWork(inner, rec)
 
     # -- collectives

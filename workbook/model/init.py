@@ -160,7 +160,8 @@ def dropout_mask(cfg: ModelConfig, site_name: str, shape: Sequence[int], step: i
     reference applies the mask to activations of shape ``[B, S, H]``; a
     sequence-parallel rank that holds positions ``s0:s1`` draws the same
     full-shape mask and uses ``mask[:, s0:s1, :]`` — identical to the
-    reference bit for bit, on any device and any number of ranks. Use a new
+    reference bit for bit, on any device and any number of ranks (a Domino
+    batch chunk ``b0:b1`` likewise uses ``mask[b0:b1]``). Use a new
     ``step`` for each training step so masks differ between steps.
     """
     shape = tuple(int(s) for s in shape)

@@ -17,6 +17,8 @@ Linear weights are stored ``[out, in]`` and applied as y = x @ W.T + b.
 
 :func:`slice_for_rank` also accepts ``("sequence", dim)`` to cut an
 activation (or a dropout mask) into sequence shards for sequence parallelism.
+The reference's activations are ``[B, S, H]``, so sequence shards cut dim 1
+(Megatron-LM keeps ``[S, B, H]`` and cuts dim 0; the idea is the same).
 """
 
 from __future__ import annotations

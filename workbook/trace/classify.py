@@ -23,10 +23,14 @@ On a CPU (no kernels: the course's laptop labs over gloo)
     * ``link_wait:*`` ranges and the host side of a blocking collective
       (``c10d::*``, ``nccl:*``, ``record_param_comms``) are **wait**: the
       compute thread is blocked, not computing;
-    * every other operator (``aten::*``, autograd functions) and user
-      ``record_function`` range is **compute**.  Nested spans are not counted
-      twice because the analysis takes the *union* of intervals, and waits
-      are cut out of that union afterwards.
+    * every other operator (``aten::*``, autograd functions) is **compute**,
+      and so is a user ``record_function`` range that wraps no operator.
+      A range that does wrap operators (``forward``, ``backward``) is
+      accounted for by those operators: its gaps are Python overhead or a
+      blocking wait the profiler did not record, not arithmetic (counting
+      them would show a synchronous gloo all-reduce as "100 % overlapped").
+      Nested spans are not counted twice because the analysis takes the
+      *union* of intervals, and waits are cut out of that union afterwards.
 
 Everywhere, ``ProfilerStep#N`` ranges are **step** markers, and user ranges
 (``record_function``) are also **phase** candidates for queries such as
@@ -41,9 +45,9 @@ import numpy as np
 
 from .load import Trace
 
-COMPUTE, COMM, MEMCPY, WAIT, STEP, HOST, OTHER = range(7)
+COMPUTE, COMM, MEMCPY, WAIT, STEP, HOST, OTHER, RANGE = range(8)
 #: Human names of the category codes, indexable by code.
-KINDS = ("compute", "communication", "memcpy", "wait", "step", "host", "other")
+KINDS = ("compute", "communication", "memcpy", "wait", "step", "host", "other", "range")
 
 _WAIT_PREFIXES = ("link_wait:", "c10d::", "nccl:", "record_param_comms")
 _USER_CATS = ("user_annotation", "gpu_user_annotation")
@@ -107,8 +111,26 @@ def classify(trace: Trace) -> np.ndarray:
         nc = k >> 1
         codes[i] = _rule(trace.names[nc // ncat], trace.cats[nc % ncat], is_link, gpu, link)
     kinds = codes[inverse.reshape(-1)]
+    if not gpu:
+        _demote_wrapping_ranges(trace, kinds)
     trace._kinds = kinds
     return kinds
+
+
+def _demote_wrapping_ranges(trace: Trace, kinds: np.ndarray) -> None:
+    """Mark user ranges that contain an operator of their own thread as RANGE."""
+    user_cat = trace.cats.index("user_annotation") if "user_annotation" in trace.cats else -1
+    is_range = (kinds == COMPUTE) & (trace.cat_id == user_cat)
+    if not is_range.any():
+        return
+    ops = (kinds == COMPUTE) & ~is_range | (kinds == WAIT)
+    for tr in np.unique(trace.track_id[is_range]).tolist():
+        on = trace.track_id == tr
+        starts = np.sort(trace.ts[ops & on])
+        rng = np.flatnonzero(is_range & on)
+        lo = np.searchsorted(starts, trace.ts[rng], side="left")
+        hi = np.searchsorted(starts, trace.ts[rng] + trace.dur[rng], side="right")
+        kinds[rng[hi > lo]] = RANGE
 
 
 def _rule(name: str, cat: str, on_link: bool, gpu: bool, link: bool) -> int:

@@ -372,6 +372,10 @@ def load_trace(path: str | os.PathLike, run: dict | None = None) -> Trace:
     if not ts:
         raise TraceError(f"{path}: empty trace (no complete events)")
 
+    ts_arr = np.frombuffer(ts, dtype=np.float64).copy()
+    shift = math.floor(float(ts_arr.min()))
+    ts_arr -= shift
+    launch_arr = np.frombuffer(launch_ts, dtype=np.float64) - shift
     info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     rank, source = info.get("rank"), "distributedInfo"
     if not isinstance(rank, int):
@@ -390,8 +394,8 @@ def load_trace(path: str | os.PathLike, run: dict | None = None) -> Trace:
         world_size=ws if isinstance(ws, int) else None,
         backend=info.get("backend"), meta=meta,
         names=list(names), cats=list(cats), tracks=track_list,
-        origin_us=float(origin[0]),
-        ts=np.frombuffer(ts, dtype=np.float64).copy(),
+        origin_us=float(origin[0] + shift),
+        ts=ts_arr,
         dur=np.frombuffer(dur, dtype=np.float64).copy(),
         name_id=np.frombuffer(name_id, dtype=np.int32).copy(),
         cat_id=np.frombuffer(cat_id, dtype=np.int32).copy(),
@@ -400,7 +404,7 @@ def load_trace(path: str | os.PathLike, run: dict | None = None) -> Trace:
         corr=np.frombuffer(corr, dtype=np.int64).copy(),
         coll_name=coll_name,
         launch_corr=np.frombuffer(launch_corr, dtype=np.int64).copy(),
-        launch_ts=np.frombuffer(launch_ts, dtype=np.float64).copy(),
+        launch_ts=launch_arr,
         run=run, events_read=count[0],
     )
 

@@ -1,0 +1,162 @@
+"""The ``workbook`` command: one entry point for learners, instructors and CI.
+
+    workbook doctor                       what this machine can run (backends, GPUs, link presets)
+    workbook demo                         4 CPU ranks, every collective, traced (the README's demo)
+    workbook run LAB --nproc N            run a lab's self-check (labs/ by default)
+    workbook grade [--lab LAB] [--impl]   grade labs/ (or solutions/, or a folder) with points
+    workbook assign [--check]             make labs/ from solutions/ (or check they agree)
+    workbook trace summary|report|merge   read, show and combine profiler traces
+    workbook bench COLLECTIVE             nccl-tests-style bandwidth table
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from workbook.grading.labs import LABS, impl_dir, repo_root
+
+
+def cmd_doctor(args) -> int:
+    import torch
+    import torch.distributed as dist
+    from workbook import launch, link
+    print(f"python      {sys.version.split()[0]}")
+    print(f"torch       {torch.__version__}")
+    print(f"cpu cores   {os.cpu_count()}")
+    gpus = launch.gpu_count()
+    names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus)) if gpus else "none"
+    print(f"gpus        {gpus} ({names})")
+    print(f"gloo        {'yes' if dist.is_gloo_available() else 'no'}")
+    print(f"nccl        {'yes' if dist.is_nccl_available() and gpus else 'no'}"
+          + ("" if gpus else " (needs a GPU per rank)"))
+    print(f"default     {launch.choose_backend(None, 2)} for 2 ranks")
+    torch.set_num_threads(launch._threads_per_rank(2))
+    flops = link.measure_local_flops()
+    print(f"matmul      {flops / 1e9:.1f} GFLOP/s fp32 on {torch.get_num_threads()} thread(s), "
+          "as one of 2 ranks computes (calibrates the link)")
+    print("link presets (simulated on CPU; bandwidth and latency as a CPU rank sees them):")
+    for name in link.PRESETS:
+        lk = link.make_link(name, flops)
+        print(f"  {name:<12} {lk.bandwidth_Bps / 1e6:9.1f} MB/s  {lk.latency_s * 1e3:7.2f} ms   "
+              f"{link.PRESETS[name].description}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from workbook import launch
+    from workbook.grading.labs import load_lab
+    if args.lab not in LABS:
+        raise SystemExit(f"workbook run: unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
+    module = load_lab(args.lab, args.impl)
+    kwargs = {"trace_dir": str(os.path.abspath(args.trace_dir))} if args.trace_dir else {}
+    results = launch.run(module.self_check, args.nproc, backend=args.backend, link=args.link,
+                         timeout=args.timeout, **kwargs)
+    describe = getattr(module, "describe", None)
+    print(describe(results) if describe else results)
+    if args.link != "none":
+        print(f"(times on the simulated {args.link} link, not measured hardware)")
+    return 0
+
+
+def cmd_grade(args) -> int:
+    cmd = [sys.executable, "-m", "pytest", "-p", "workbook.grading.plugin", "-q",
+           "--impl", args.impl, "-p", "no:cacheprovider"]
+    tests = repo_root() / "tests" / "grading"
+    cmd += [str(tests / f"test_{args.lab}.py")] if args.lab else [str(tests)]
+    if args.gradescope:
+        cmd += ["--gradescope", args.gradescope]
+    if args.lab and args.lab not in LABS:
+        raise SystemExit(f"workbook grade: unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
+    impl_dir(args.impl)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(repo_root())] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    code = subprocess.call(cmd + args.pytest_args, cwd=repo_root(), env=env)
+    if code in (0, 1):
+        return code if args.strict else 0
+    return code
+
+
+def cmd_assign(args) -> int:
+    from workbook import assign
+    root = repo_root()
+    if args.check:
+        drift = assign.check(root / "solutions", root / "labs")
+        for rel in drift:
+            print(f"labs/{rel} differs from what `workbook assign` makes from solutions/")
+        if drift:
+            print("regenerate with `workbook assign` (labs/ is never edited by hand here)")
+            return 1
+        print("labs/ matches solutions/")
+        return 0
+    changed = assign.generate(root / "solutions", root / "labs")
+    print("\n".join(f"wrote labs/{c}" for c in changed) or "labs/ already up to date")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from workbook.demo import run_demo
+    return run_demo(args.nproc, args.link, args.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from workbook import link
+    parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("doctor", help="what this machine can run")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("demo", help="4 CPU ranks run every collective, traced")
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--link", default="dgx-h100", choices=link.preset_names())
+    p.add_argument("--out", default="runs/demo", help="run directory for traces and report")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("run", help="run a lab's self-check on N ranks")
+    p.add_argument("lab", help=", ".join(LABS))
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", choices=["gloo", "nccl"], default=None)
+    p.add_argument("--link", default="none", choices=link.preset_names())
+    p.add_argument("--impl", default="labs", help="labs (default), solutions, or a folder")
+    p.add_argument("--trace-dir", default=None, help="write per-rank traces here")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("grade", help="grade the labs with points")
+    p.add_argument("--impl", default="labs", help="labs (default), solutions, or a folder")
+    p.add_argument("--lab", default=None, help=", ".join(LABS))
+    p.add_argument("--gradescope", default=None, metavar="PATH", help="write results.json here")
+    p.add_argument("--strict", action="store_true", help="exit 1 unless every test passes")
+    p.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
+    p.set_defaults(func=cmd_grade)
+
+    p = sub.add_parser("assign", help="generate labs/ from solutions/")
+    p.add_argument("--check", action="store_true", help="fail if labs/ drifted from solutions/")
+    p.set_defaults(func=cmd_assign)
+
+    for extra in ("workbook.trace.cli", "workbook.bench"):
+        try:
+            __import__(extra, fromlist=["register"]).register(sub)
+        except ImportError as exc:
+            if exc.name not in (extra, extra.rsplit(".", 1)[0]):
+                raise
+    return parser
+
+
+def main(argv=None) -> int:
+    from workbook.launch import RanksTimedOut
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (ValueError, FileNotFoundError, RanksTimedOut) as exc:
+        print(f"workbook {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

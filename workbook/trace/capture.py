@@ -1,0 +1,118 @@
+"""Capturing traces: one PyTorch-profiler Chrome trace per rank, plus the simulated link's track.
+
+Inside a rank (a lab's self-check, a benchmark, a notebook cell run through the launcher)::
+
+    with rank_trace(run_dir, lab="tp"):
+        step()
+
+writes ``run_dir/rank{r}.trace.json`` on every rank and ``run_dir/run.json`` (lab, world size,
+backend, link, hardware) from rank 0. The profiler records CPU activity (and CUDA kernels where a
+GPU is in use). On a simulated link it sees only gloo's real, tiny transfers, so the capture adds
+what the link modelled as a track of its own: a thread named ``link`` with one span per
+operation (name, bytes, modelled time), placed where the link carried it. Time spent *waiting*
+for the link shows on the compute thread as ``link_wait:<op>`` ranges (``workbook.link``).
+
+Clocks: the profiler stamps events with its own clock, the link with ``time.perf_counter_ns``.
+A marker range recorded at a known ``perf_counter_ns`` ties the two together.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from workbook import link
+
+SYNC_MARKER = "workbook_clock_sync"
+
+
+_AGREED = [0]
+
+
+def _agree(key: str, make) -> str:
+    """A value rank 0 makes and every rank reads (through the rendezvous store)."""
+    if not dist.is_initialized():
+        return make()
+    _AGREED[0] += 1                       # every rank counts its calls alike: a fresh key each time
+    key = f"{key}/{_AGREED[0]}"
+    store = dist.distributed_c10d._get_default_store()
+    if dist.get_rank() == 0:
+        store.set(key, make())
+    return store.get(key).decode()
+
+
+def hardware() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.cuda.current_device())
+    return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def run_metadata(lab: str, run_id: str) -> dict:
+    lk = link.current_link()
+    backend = dist.get_backend() if dist.is_initialized() else "none"
+    return {"run_id": run_id, "lab": lab,
+            "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+            "backend": "gloo" if backend == link.BACKEND_NAME else backend,
+            "link": lk.describe() if lk else {"preset": "none", "simulated": False},
+            "hardware": hardware(), "torch": torch.__version__, "created": time.time()}
+
+
+def link_events(records, pid, offset_us: float, since_ns: int) -> list[dict]:
+    """The link's operations as Chrome-trace spans on a thread named ``link``."""
+    events = [{"ph": "M", "name": "thread_name", "pid": pid, "tid": "link", "args": {"name": "link"}}]
+    for r in records:
+        if r.end_ns < since_ns or r.modelled_ns == 0:
+            continue
+        events.append({"ph": "X", "cat": "link", "name": r.op, "pid": pid, "tid": "link",
+                       "ts": r.start_ns / 1000 + offset_us, "dur": r.modelled_ns / 1000,
+                       "args": {"bytes": r.size_bytes, "seq": r.seq, "group_size": r.group_size,
+                                "modelled_us": r.modelled_ns / 1000, "async": r.async_op,
+                                "issued_ts": r.issued_ns / 1000 + offset_us}})
+    return events
+
+
+@contextmanager
+def rank_trace(run_dir, *, lab: str = "", run_id: str | None = None):
+    """Profile the enclosed code on this rank; see the module docstring."""
+    run_dir = Path(run_dir)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    run_id = run_id or _agree("workbook/run_id", lambda: uuid.uuid4().hex[:12])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        activities.append(ProfilerActivity.CUDA)
+    started_ns = time.perf_counter_ns()
+    with profile(activities=activities) as prof:
+        with record_function("workbook_warmup"):
+            pass
+        with record_function(SYNC_MARKER):
+            sync_ns = time.perf_counter_ns()
+        yield prof
+        if torch.cuda.is_available() and ProfilerActivity.CUDA in activities:
+            torch.cuda.synchronize()
+    # wait out the link so every op issued inside the block has its final place on the track
+    records = link.op_log()
+    raw = run_dir / f".rank{rank}.raw.json"
+    prof.export_chrome_trace(str(raw))
+    trace = json.loads(raw.read_text())
+    raw.unlink()
+    events = trace["traceEvents"]
+    marker = next((e for e in events if e.get("name") == SYNC_MARKER and e.get("ph") == "X"), None)
+    pid = marker["pid"] if marker else os.getpid()
+    offset_us = (marker["ts"] - sync_ns / 1000) if marker else 0.0
+    events.extend(link_events(records, pid, offset_us, started_ns))
+    trace.setdefault("distributedInfo", {"rank": rank, "world_size": dist.get_world_size()
+                                         if dist.is_initialized() else 1,
+                                         "backend": run_metadata(lab, run_id)["backend"]})
+    trace["workbook"] = {"run_id": run_id, "lab": lab, "rank": rank}
+    (run_dir / f"rank{rank}.trace.json").write_text(json.dumps(trace))
+    if rank == 0:
+        (run_dir / "run.json").write_text(json.dumps(run_metadata(lab, run_id), indent=2))

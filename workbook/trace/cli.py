@@ -1,0 +1,138 @@
+"""The ``workbook trace`` commands.
+
+``workbook trace summary PATH... [--json] [--step N]``
+    per-rank metrics of trace files or run directories;
+``workbook trace report RUN_DIR -o report.html``
+    the standalone HTML report;
+``workbook trace merge RUN_DIR -o merged.json``
+    one multi-rank Chrome trace for Perfetto.
+
+The main ``workbook`` command calls :func:`register` to add these to its own
+argument parser; ``python -m workbook.trace.cli`` runs them on their own.
+Every handler takes the parsed ``argparse.Namespace`` and returns an exit
+code: 0 on success, 2 when the input cannot be read (with a one-line
+``error:`` message naming the file, never a traceback).  Unreadable ranks
+next to readable ones are reported as ``warning:`` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+
+from .load import TraceError, load_run
+
+
+def _load(paths):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = load_run(paths)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return run
+
+
+def _guard(fn):
+    def handler(args) -> int:
+        try:
+            return fn(args)
+        except TraceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    handler.__name__ = fn.__name__
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
+def _fmt(x, pct=False):
+    if x is None:
+        return "–"
+    return f"{x:.1f}" if pct else f"{x:,.1f}"
+
+
+@_guard
+def cmd_summary(args) -> int:
+    """Print the per-rank metrics."""
+    from .analyse import summary
+    run = _load(args.paths)
+    result = summary(run, step=args.step)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"source: {run.label()}   (times in µs, summed over the profiled steps)")
+    head = ("rank", "device", "step", "compute", "comm", "overlap %", "exposed", "idle")
+    rows = [head]
+    for r in result["ranks"]:
+        rows.append((str(r["rank"]), r["device"], _fmt(r["step_us"]), _fmt(r["compute_us"]),
+                     _fmt(r["comm_us"]), _fmt(r["overlap_pct"], True), _fmt(r["exposed_comm_us"]),
+                     _fmt(r["idle_us"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+    for r in result["ranks"]:
+        parts = [f"{n} ×{c['count']} ({'? B' if c['bytes'] is None else format(c['bytes'], ',') + ' B'})"
+                 for n, c in r["collectives"].items()]
+        print(f"rank {r['rank']} collectives: " + (", ".join(parts) if parts else "none"))
+    return 0
+
+
+@_guard
+def cmd_report(args) -> int:
+    """Write the HTML report."""
+    from .report import write_report
+    run = _load([args.run_dir])
+    out = write_report(run, args.output)
+    print(f"wrote {out}")
+    return 0
+
+
+@_guard
+def cmd_merge(args) -> int:
+    """Write the merged multi-rank trace."""
+    from .merge import merge
+    run = _load([args.run_dir])
+    out = merge(run, args.output)
+    print(f"wrote {out} (open it in https://ui.perfetto.dev)")
+    return 0
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the ``trace`` command and its subcommands to ``subparsers``
+    (the object returned by ``parser.add_subparsers()``).  Each subcommand
+    sets ``func`` to its handler: call ``args.func(args)``."""
+    p = subparsers.add_parser("trace", help="summarise, report or merge profiler traces",
+                              description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="trace_command", metavar="{summary,report,merge}")
+    sub.required = True
+    s = sub.add_parser("summary", help="per-rank compute/communication/overlap metrics")
+    s.add_argument("paths", nargs="+", metavar="PATH", help="trace files or run directories")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--step", type=int, default=None, help="only ProfilerStep#STEP")
+    s.set_defaults(func=cmd_summary)
+    r = sub.add_parser("report", help="standalone HTML report of a run")
+    r.add_argument("run_dir", metavar="RUN_DIR")
+    r.add_argument("-o", "--output", default="report.html")
+    r.set_defaults(func=cmd_report)
+    m = sub.add_parser("merge", help="one multi-rank trace for Perfetto")
+    m.add_argument("run_dir", metavar="RUN_DIR")
+    m.add_argument("-o", "--output", default="merged.json")
+    m.set_defaults(func=cmd_merge)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workbook.trace.cli")
+    sub = parser.add_subparsers(dest="command")
+    sub.required = True
+    register(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

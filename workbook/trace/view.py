@@ -1,0 +1,202 @@
+"""Viewing traces: plotly timelines and a notebook explorer.
+
+A timeline has one row per (rank, track): a host thread, a CUDA stream, the
+simulated link.  Each span is coloured by what kind of time it is (the
+course palette of :mod:`workbook.colors`), and below each rank a thin row
+marks in red its *exposed* communication -- the stretches during which the
+rank communicates and computes nothing.  Hovering a span shows its name,
+duration and, for communication, the bytes it moved.
+
+Only *top-level* spans are drawn: an ``aten::addmm`` nested inside an
+``aten::linear`` would be hidden behind it anyway.
+
+Drawing many spans
+------------------
+A plotly "shape" per span becomes unusable after a few thousand.  Small
+timelines use one horizontal bar chart per kind of time (``go.Bar`` with
+``base=`` the start and ``x=`` the duration); beyond about 5,000 spans each
+kind becomes a single WebGL line trace (``go.Scattergl``) whose segments are
+separated by ``None`` -- hundreds of thousands of spans stay responsive.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import colors
+from . import intervals as iv
+from .analyse import analyse, step_metrics
+from .classify import COMM, COMPUTE, KINDS, MEMCPY, WAIT, classify, collective_of
+from .load import Trace, TraceError, as_run
+
+BAR_LIMIT = 5000
+_DRAWN = (COMPUTE, COMM, MEMCPY, WAIT)
+
+
+def _top_level(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Indices (into the given arrays) of spans not nested in an earlier one."""
+    if starts.size == 0:
+        return np.empty(0, dtype=np.int64)
+    order = np.lexsort((-ends, starts))
+    e = ends[order]
+    prev_max = np.concatenate([[-np.inf], np.maximum.accumulate(e)[:-1]])
+    return order[starts[order] >= prev_max]
+
+
+def _window(t: Trace, step) -> tuple[float, float]:
+    if step is None:
+        return float(t.ts.min()), float(t.end.max())
+    for s in step_metrics(t):
+        if s.step == step:
+            return s.start_us, s.end_us
+    raise TraceError(f"{t.path}: no step {step}")
+
+
+def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
+                    t1: float | None = None, title: str | None = None):
+    """A plotly timeline of the chosen ranks (all by default).
+
+    ``step`` shows only ``ProfilerStep#<step>``; ``t0``/``t1`` zoom to a time
+    range, in microseconds from the start of what is shown.  Ranks are
+    aligned on the profiler's clock (ranks of one host share it).
+    """
+    import plotly.graph_objects as go
+
+    run = as_run(traces)
+    chosen = [t for t in run.traces if ranks is None or t.rank in set(ranks)]
+    if not chosen:
+        raise TraceError(f"no trace for ranks {ranks} (ranks: {run.ranks})")
+    windows = {id(t): _window(t, step) for t in chosen}
+    zero = min(t.origin_us + windows[id(t)][0] for t in chosen)
+    rows: list[str] = []
+    seg: dict[str, list] = {k: [[], [], [], []] for k in ("compute", "communication", "memcpy",
+                                                            "wait", "exposed")}
+
+    def add(kind, row, s, e, text):
+        lst = seg[kind]
+        lst[0].append(s), lst[1].append(e), lst[2].append(np.full(s.size, row)), lst[3].extend(text)
+
+    for t in chosen:
+        kinds = classify(t)
+        w0, w1 = windows[id(t)]
+        shift = t.origin_us - zero
+        lo = -np.inf if t0 is None else t0 - shift
+        hi = np.inf if t1 is None else t1 - shift
+        sel = np.isin(kinds, _DRAWN) & (t.end >= max(w0, lo)) & (t.ts <= min(w1, hi))
+        for tr in np.unique(t.track_id[sel]).tolist():
+            idx = np.flatnonzero(sel & (t.track_id == tr))
+            idx = idx[_top_level(t.ts[idx], t.end[idx])]
+            row = len(rows)
+            rows.append(f"rank {t.rank} · {t.tracks[tr].name}")
+            for code in _DRAWN:
+                k = idx[kinds[idx] == code]
+                if k.size == 0:
+                    continue
+                text = [_hover(t, i, code) for i in k.tolist()]
+                add(KINDS[code], row, t.ts[k] + shift, t.end[k] + shift, text)
+        m = analyse(t, step=step)
+        if m.comm_us > 0:
+            comm = iv.union(t.ts[sel & (kinds == COMM)], t.end[sel & (kinds == COMM)])
+            comp = iv.union(t.ts[sel & (kinds == COMPUTE)], t.end[sel & (kinds == COMPUTE)])
+            comp = iv.subtract(comp, iv.union(t.ts[sel & (kinds == WAIT)], t.end[sel & (kinds == WAIT)]))
+            exp = iv.subtract(comm, comp)
+            if exp[0].size:
+                row = len(rows)
+                rows.append(f"rank {t.rank} · exposed comm")
+                add("exposed", row, exp[0] + shift, exp[1] + shift,
+                    [f"exposed communication<br>{e - s:,.1f} µs" for s, e in zip(*exp)])
+
+    total = sum(sum(a.size for a in v[0]) for v in seg.values())
+    fig = go.Figure()
+    for kind, (ss, es, ys, text) in seg.items():
+        if not ss:
+            continue
+        s, e, y = np.concatenate(ss), np.concatenate(es), np.concatenate(ys)
+        if total <= BAR_LIMIT:
+            fig.add_trace(go.Bar(orientation="h", base=s, x=e - s, y=y, name=kind,
+                                 marker_color=colors.color(kind), hovertext=text,
+                                 hoverinfo="text", width=0.35 if kind == "exposed" else 0.8))
+        else:
+            n = s.size
+            xs = np.empty(3 * n, dtype=object)
+            xs[0::3], xs[1::3], xs[2::3] = s, e, None
+            yy = np.empty(3 * n, dtype=object)
+            yy[0::3], yy[1::3], yy[2::3] = y, y, None
+            tt = np.empty(3 * n, dtype=object)
+            tt[0::3], tt[1::3], tt[2::3] = text, text, None
+            fig.add_trace(go.Scattergl(x=xs, y=yy, mode="lines", name=kind, hovertext=tt,
+                                       hoverinfo="text", line=dict(color=colors.color(kind),
+                                       width=4 if kind == "exposed" else 10)))
+    label = run.label()
+    what = f"step {step}" if step is not None else "all steps"
+    fig.update_layout(
+        title=title or f"Timeline ({what}) — {label}", barmode="overlay",
+        xaxis_title="time (µs)", height=max(250, 60 + 34 * len(rows)),
+        yaxis=dict(tickmode="array", tickvals=list(range(len(rows))), ticktext=rows,
+                   autorange="reversed"),
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+        margin=dict(l=10, r=10, t=70, b=40))
+    if t0 is not None or t1 is not None:
+        fig.update_xaxes(range=[t0, t1])
+    return fig
+
+
+def _hover(t: Trace, i: int, code: int) -> str:
+    name = t.names[t.name_id[i]]
+    txt = f"{name}<br>{t.dur[i]:,.1f} µs"
+    if code == COMM:
+        b = t.nbytes[i]
+        txt += f"<br>{collective_of(t, i)}, " + ("bytes unknown" if np.isnan(b) else f"{int(b):,} B")
+    return txt
+
+
+def metrics_table_html(traces, step=None, ranks=None) -> str:
+    """An HTML table of the per-rank metrics (used by the explorer and the report)."""
+    run = as_run(traces)
+    head = ("rank", "device", "step µs", "compute µs", "comm µs", "overlap %",
+            "exposed comm µs", "wait µs", "idle µs")
+    rows = []
+    for t in run.traces:
+        if ranks is not None and t.rank not in ranks:
+            continue
+        m = analyse(t, step=step)
+        pct = "–" if m.overlap_pct is None else f"{m.overlap_pct:.1f}"
+        cells = (t.rank, m.device, f"{m.step_us:,.1f}", f"{m.compute_us:,.1f}", f"{m.comm_us:,.1f}",
+                 pct, f"{m.exposed_comm_us:,.1f}", f"{m.wait_us:,.1f}", f"{m.idle_us:,.1f}")
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return ("<table class='wb-metrics'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+            + "".join(rows) + "</table>")
+
+
+def explorer(traces):
+    """A notebook widget: pick ranks, a step and a zoom range; the timeline and
+    the metrics table update.  Needs ``ipywidgets``."""
+    try:
+        import ipywidgets as W
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("explorer() needs ipywidgets: pip install ipywidgets") from exc
+    from IPython.display import display
+
+    run = as_run(traces)
+    steps = sorted({s.step for t in run.traces for s in step_metrics(t)})
+    rank_pick = W.SelectMultiple(options=run.ranks, value=tuple(run.ranks), description="ranks")
+    step_pick = W.Dropdown(options=[("all", None)] + [(str(s), s) for s in steps], description="step")
+    span = max(float(t.end.max() - t.ts.min()) for t in run.traces)
+    zoom = W.FloatRangeSlider(value=(0.0, span), min=0.0, max=span, step=span / 1000 or 1.0,
+                              description="zoom µs", layout=W.Layout(width="90%"))
+    out, table = W.Output(), W.HTML()
+
+    def redraw(_=None):
+        ranks = list(rank_pick.value) or run.ranks
+        table.value = metrics_table_html(run, step=step_pick.value, ranks=ranks)
+        lo, hi = zoom.value
+        fig = timeline_figure(run, ranks=ranks, step=step_pick.value,
+                              t0=lo if lo > 0 else None, t1=hi if hi < span else None)
+        out.clear_output(wait=True)
+        with out:
+            display(fig)
+
+    for w in (rank_pick, step_pick, zoom):
+        w.observe(redraw, names="value")
+    redraw()
+    return W.VBox([W.HBox([rank_pick, step_pick]), zoom, table, out])
