@@ -92,6 +92,9 @@ def gpu_count() -> int:
 
 def choose_backend(backend: str | None, local_world_size: int, link: str | None = "none") -> str:
     """``None`` means NCCL if every local rank can have its own GPU, else gloo."""
+    from workbook.link import preset_names
+    if link not in (None, *preset_names()):
+        raise ValueError(f"unknown link preset {link!r}: choose one of {', '.join(preset_names())}")
     if local_world_size < 1:
         raise ValueError(f"--nproc must be at least 1 (got {local_world_size})")
     gpus = gpu_count()
@@ -291,12 +294,8 @@ class RankPool:
 
     def run(self, fn, *args, link: str = "none", timeout: float = DEFAULT_TIMEOUT, **kwargs) -> list:
         """Run ``fn(*args, **kwargs)`` on every rank; return the results indexed by rank."""
-        from workbook import link as link_module
         if self.closed:
             raise RuntimeError("this RankPool is closed")
-        if link not in link_module.preset_names():
-            raise ValueError(f"unknown link preset {link!r}: choose one of "
-                             f"{', '.join(link_module.preset_names())}")
         choose_backend(self.backend, self.world_size, link)
         self._task_id += 1
         payload = cloudpickle.dumps((fn, args, kwargs))
@@ -343,16 +342,18 @@ class RankPool:
 
     def _recover(self, still_running: dict) -> None:
         """After a failure: fresh process groups in the same processes, or a closed pool."""
-        if still_running:
+        if still_running or not all(p.is_alive() for p in self._procs):
             self.close(force=True)
             return
         self._generation += 1
-        for conn in self._conns:
-            conn.send(("reinit", self._generation))
-        for conn in self._conns:
-            if not conn.poll(30) or conn.recv()[0] != "ready":
-                self.close()
-                return
+        try:
+            for conn in self._conns:
+                conn.send(("reinit", self._generation))
+            for conn in self._conns:
+                if not conn.poll(30) or conn.recv()[0] != "ready":
+                    raise EOFError
+        except (EOFError, OSError):
+            self.close(force=True)
 
     def alive(self) -> bool:
         return not self.closed and all(p.is_alive() for p in self._procs)

@@ -10,7 +10,8 @@ which the compute thread was waiting) and *M* the union of memory copies
 * **step time** -- the length of the step's window (below);
 * **compute time** = \\|P\\|, **communication time** = \\|C\\|;
 * **overlap %** = 100 · \\|C ∩ P\\| / \\|C\\|: the share of communication time
-  during which the same rank computes.  This is Holistic Trace Analysis'
+  during which the same rank computes (any compute of the rank: a collective
+  issued in one step may be hidden by kernels launched in the next).  This is Holistic Trace Analysis'
   *comm/comp overlap*.  It is ``None`` when there is no communication;
 * **exposed communication** = \\|C\\| − \\|C ∩ P\\| = \\|C \\ P\\|: the
   communication nothing hides, the time that a better overlap could win back;
@@ -195,10 +196,27 @@ def _in_ranges(t: np.ndarray, ranges: iv.Intervals) -> np.ndarray:
 # The metrics
 # --------------------------------------------------------------------------
 
+def all_compute(trace: Trace) -> iv.Intervals:
+    """When the rank computes, over the whole trace: the union of its compute
+    spans minus the union of its waits."""
+    cached = getattr(trace, "_compute", None)
+    if cached is None:
+        kinds = classify(trace)
+        wait = iv.union(trace.ts[kinds == WAIT], trace.end[kinds == WAIT])
+        cached = iv.subtract(iv.union(trace.ts[kinds == COMPUTE], trace.end[kinds == COMPUTE]), wait)
+        trace._compute = cached
+    return cached
+
+
 def _metrics(trace: Trace, sel: np.ndarray, window: tuple[float, float] | None,
              comm_sel: np.ndarray | None = None) -> Metrics:
     """Metrics of the events in mask ``sel``; ``comm_sel`` optionally narrows
-    which communication counts (phase queries)."""
+    which communication counts (phase queries).
+
+    Whether communication is hidden is a question of physical concurrency, so
+    overlap is measured against *all* of the rank's compute -- a collective
+    issued in one step may be hidden by kernels launched in the next.
+    """
     kinds = classify(trace)
     s, e = trace.ts, trace.end
 
@@ -213,7 +231,7 @@ def _metrics(trace: Trace, sel: np.ndarray, window: tuple[float, float] | None,
     m = Metrics()
     m.compute_us = iv.measure(comp)
     m.comm_us = iv.measure(comm)
-    m.overlap_us = iv.measure(iv.intersect(comm, comp))
+    m.overlap_us = iv.measure(iv.intersect(comm, all_compute(trace)))
     m.exposed_comm_us = m.comm_us - m.overlap_us
     m.memcpy_us = iv.measure(mem)
     m.wait_us = iv.measure(wait)

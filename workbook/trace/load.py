@@ -252,16 +252,37 @@ def iter_document(path: str | os.PathLike, on_event: Callable[[dict], None]) -> 
     return meta
 
 
+_SEP = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
+
+
 def _stream_array(s: _Stream, on_event, opened: bool) -> None:
     if s.peek() == "]":
         s.pos += 1
         return
+    decode, sep, JSONDecodeError = _DECODER.raw_decode, _SEP.match, json.JSONDecodeError
     while True:
+        # Fast path: the whole event and the separator after it are in the buffer.
+        buf = s.buf
+        try:
+            ev, end = decode(buf, s.pos)
+            m = sep(buf, end)
+            fast = m is not None and m.end() < len(buf)
+        except JSONDecodeError:
+            fast = False
+        if fast:
+            s.pos = m.end()
+            if type(ev) is dict:
+                on_event(ev)
+            if m.group(1) == "]":
+                return
+            continue
+        # Slow path near the end of the buffer: read more as needed.
         ev = s.value()
         if isinstance(ev, dict):
             on_event(ev)
         if s.expect(",]") == "]":
             return
+        s.peek()  # leave the position on the next event, as the fast path expects
 
 
 # --------------------------------------------------------------------------

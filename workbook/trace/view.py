@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import colors
 from . import intervals as iv
-from .analyse import analyse, step_metrics
+from .analyse import all_compute, analyse, step_metrics
 from .classify import COMM, COMPUTE, KINDS, MEMCPY, WAIT, classify, collective_of
 from .load import Trace, TraceError, as_run
 
@@ -97,9 +97,7 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
         m = analyse(t, step=step)
         if m.comm_us > 0:
             comm = iv.union(t.ts[sel & (kinds == COMM)], t.end[sel & (kinds == COMM)])
-            comp = iv.union(t.ts[sel & (kinds == COMPUTE)], t.end[sel & (kinds == COMPUTE)])
-            comp = iv.subtract(comp, iv.union(t.ts[sel & (kinds == WAIT)], t.end[sel & (kinds == WAIT)]))
-            exp = iv.subtract(comm, comp)
+            exp = iv.subtract(comm, all_compute(t))
             if exp[0].size:
                 row = len(rows)
                 rows.append(f"rank {t.rank} · exposed comm")
