@@ -48,7 +48,7 @@ def cmd_run(args) -> int:
     from workbook import launch
     from workbook.grading.labs import load_lab
     if args.lab not in LABS:
-        raise SystemExit(f"workbook run: unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
+        raise ValueError(f"unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
     module = load_lab(args.lab, args.impl)
     kwargs = {"trace_dir": str(os.path.abspath(args.trace_dir))} if args.trace_dir else {}
     results = launch.run(module.self_check, args.nproc, backend=args.backend, link=args.link,
@@ -61,14 +61,14 @@ def cmd_run(args) -> int:
 
 
 def cmd_grade(args) -> int:
-    cmd = [sys.executable, "-m", "pytest", "-p", "workbook.grading.plugin", "-q",
+    cmd = [sys.executable, "-m", "pytest", "-q",
            "--impl", args.impl, "-p", "no:cacheprovider"]
     tests = repo_root() / "tests" / "grading"
     cmd += [str(tests / f"test_{args.lab}.py")] if args.lab else [str(tests)]
     if args.gradescope:
         cmd += ["--gradescope", args.gradescope]
     if args.lab and args.lab not in LABS:
-        raise SystemExit(f"workbook grade: unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
+        raise ValueError(f"unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
     impl_dir(args.impl)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(repo_root())] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))

@@ -1,0 +1,112 @@
+"""The simulated link: the cost model, the queue, and overlap that is real wall-clock overlap."""
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from workbook import launch, link
+from workbook.link import Link, bus_factor, make_link
+
+
+def test_bus_factors_are_nccl_tests():
+    assert bus_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert bus_factor("reduce_scatter", 3) == pytest.approx(2 / 3)
+    assert bus_factor("broadcast", 8) == 1.0
+    assert bus_factor("send", 2) == 1.0
+    assert bus_factor("barrier", 4) == 0.0
+    assert bus_factor("all_reduce", 1) == 0.0
+
+
+def test_calibration_keeps_the_hardware_ratio():
+    lk = make_link("dgx-h100", local_flops=79e9)              # 10^4 times slower than an H100
+    assert lk.scale == pytest.approx(1e-4)
+    assert lk.bandwidth_Bps == pytest.approx(900e9 * 1e-4)
+    assert lk.latency_s == pytest.approx(2e-6 * 1e4)
+    # 1 MB all-reduce on 2 ranks: latency + 1e6 * 1 / 90 MB/s
+    assert lk.op_time("all_reduce", 10**6, 2) == pytest.approx(0.02 + 1 / 90)
+    assert "simulated" in lk.label
+    assert make_link("none") is None
+    with pytest.raises(ValueError, match="unknown link preset"):
+        make_link("carrier-pigeon")
+
+
+FIXED = Link("dgx-h100", bandwidth_Bps=40e6, latency_s=0.0, local_flops=5e10, scale=1.0)
+N = 2 * 10**6            # float32 elements: 8 MB, 0.2 s on FIXED for a 2-rank all-reduce
+
+
+def timed_ops():
+    """Sync, async+compute, and two queued ops, on a link pinned to 0.2 s per all-reduce."""
+    link.set_link(FIXED)
+    x = torch.ones(N)
+    out = {}
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_reduce(x)
+    out["sync"] = time.perf_counter() - t0
+    dist.barrier()
+    t0 = time.perf_counter()
+    work = dist.all_reduce(x, async_op=True)
+    time.sleep(0.2)                                     # independent "compute" of the same length
+    work.wait()
+    out["async"] = time.perf_counter() - t0
+    dist.barrier()
+    t0 = time.perf_counter()
+    y = torch.ones(N)
+    w1 = dist.all_reduce(x, async_op=True)
+    w2 = dist.all_reduce(y, async_op=True)
+    w1.wait()
+    out["first"] = time.perf_counter() - t0
+    w2.wait()
+    out["second"] = time.perf_counter() - t0
+    out["value"] = x[0].item()
+    out["log"] = [(r.op, r.size_bytes, r.modelled_ns) for r in link.op_log()]
+    return out
+
+
+def test_async_overlap_is_real_and_the_link_queues():
+    res = launch.run(timed_ops, 2, backend="gloo", pool=True)
+    for r in res:
+        assert r["value"] == 2.0 ** 3
+        assert 0.19 < r["sync"] < 0.6
+        assert r["async"] < 0.2 * 1.6                  # serial would be 0.4 s
+        assert 0.19 < r["first"] < 0.4
+        assert r["second"] > 0.39                       # one op at a time on the link
+        ops = [op for op, _, _ in r["log"]]
+        assert ops.count("all_reduce") == 4
+        assert (("all_reduce", 4 * N, int(0.2e9)) in r["log"])
+
+
+def ops_and_sizes():
+    link.set_link(Link("dgx-h100", 1e12, 0.0, 5e10, 1.0))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(6)
+    out = torch.empty(6 * world)
+    dist.all_gather_into_tensor(out, x)
+    dist.reduce_scatter_tensor(x, out)
+    if rank == 0:
+        dist.send(x, 1)
+    elif rank == 1:
+        dist.recv(x, 0)
+    dist.broadcast(x, src=0)
+    dist.barrier()
+    return [(r.op, r.size_bytes, r.group_size) for r in link.op_log()]
+
+
+def test_every_op_is_charged_with_nccl_tests_sizes():
+    logs = launch.run(ops_and_sizes, 3, backend="gloo", pool=True)
+    assert logs[0] == [("all_gather", 72, 3), ("reduce_scatter", 72, 3), ("send", 24, 3),
+                       ("broadcast", 24, 3), ("barrier", 0, 3)]
+    assert logs[1][2] == ("recv", 24, 3)
+    assert [op for op, _, _ in logs[2]] == ["all_gather", "reduce_scatter", "broadcast", "barrier"]
+
+
+def calibrated_presets():
+    return launch.context().rank, link.current_link()
+
+
+def test_all_ranks_share_one_calibration():
+    res = launch.shared_pool(2, "gloo").run(calibrated_presets, link="dgx-h100-ib")
+    assert res[0][1] == res[1][1]
+    assert res[0][1].local_flops == 5e10            # pinned by conftest
