@@ -142,6 +142,10 @@ def _run_use_builtins() -> dict:
 
 
 # --------------------------------------------------------------------------- test side
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
 _RUNS: dict = {}
 
 
@@ -171,7 +175,7 @@ def _check_values(name: str) -> None:
                 if case["expected"] is None:
                     continue
                 assert_equal_on_rank(case["got"], case["expected"], rank=rank,
-                                     what=f"{case['label']} on {n} rank(s), result")
+                                     what=f"{case['label']} on {_ranks(n)}: result")
 
 
 def _sends(case):
@@ -189,7 +193,7 @@ def _check_pattern(name: str, *, rooted: str | None = None, tree: bool = False) 
         per_rank = _results(name, n)
         for index in range(len(per_rank[0])):
             cases = [per_rank[r][index] for r in range(n)]
-            label = f"{cases[0]['label']} on {n} rank(s)"
+            label = f"{cases[0]['label']} on {_ranks(n)}"
             for rank, case in enumerate(cases):
                 assert_calls(case["counts"], rank=rank, allowed=P2P, what=label)
             if rooted is None:
@@ -239,7 +243,7 @@ def test_use_builtins():
                 expected["gather"] = [[float(j + 1)] * 3 for j in range(n)]
             for key, want in expected.items():
                 assert values.get(key) == want, (
-                    f"rank {rank}: use_builtins()[{key!r}] with {n} rank(s) (root {root}) is "
+                    f"rank {rank}: use_builtins()[{key!r}] with {_ranks(n)} (root {root}) is "
                     f"{values.get(key)!r}, expected {want!r}")
             for group in (("broadcast",), ("reduce",), ("all_reduce",), ("gather",),
                           ("all_gather", "all_gather_into_tensor"), ("scatter",),
@@ -350,7 +354,7 @@ def test_barrier_waits_for_everyone():
                 early = last_in - case["left"]
                 if early > 0:
                     raise AssertionError(
-                        f"rank {rank}: {case['label']} on {n} rank(s): left {early * 1e3:.0f} ms "
+                        f"rank {rank}: {case['label']} on {_ranks(n)}: left {early * 1e3:.0f} ms "
                         f"before rank {case['late']} entered it; a barrier returns only after "
                         f"every rank has entered")
 
@@ -361,7 +365,7 @@ def test_barrier_pattern():
         for rank, cases in enumerate(_results("barrier", n)):
             for case in cases:
                 assert_calls(case["counts"], rank=rank, allowed=P2P,
-                             what=f"{case['label']} on {n} rank(s)")
+                             what=f"{case['label']} on {_ranks(n)}")
                 if n > 1 and not _sends(case):
-                    raise AssertionError(f"rank {rank}: {case['label']} on {n} rank(s) sent no "
+                    raise AssertionError(f"rank {rank}: {case['label']} on {_ranks(n)} sent no "
                                          f"message, so no other rank can know it arrived")

@@ -73,6 +73,10 @@ def _run(what: str) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- test side
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
 _RUNS: dict = {}
 
 
@@ -96,11 +100,11 @@ def _check_values(what: str) -> None:
         for rank, cases in enumerate(_results(what, n)):
             for case in cases:
                 if "owned" in case and case["owned"] != (rank + 1) % n:
-                    raise AssertionError(f"rank {rank}: {case['label']} on {n} rank(s) returned "
+                    raise AssertionError(f"rank {rank}: {case['label']} on {_ranks(n)} returned "
                                          f"{case['owned']}, but the fully reduced chunk after "
                                          f"phase 1 is (rank + 1) % n = {(rank + 1) % n}")
                 assert_equal_on_rank(case["got"], case["expected"], rank=rank,
-                                     what=f"{case['label']} on {n} rank(s), result")
+                                     what=f"{case['label']} on {_ranks(n)}: result")
 
 
 @pytest.mark.points(4)
@@ -126,7 +130,7 @@ def test_ring_all_reduce_pattern():
         for rank, cases in enumerate(_results("ring_all_reduce", n)):
             left, right = (rank - 1) % n, (rank + 1) % n
             for case in cases:
-                label = f"{case['label']} on {n} rank(s)"
+                label = f"{case['label']} on {_ranks(n)}"
                 assert_calls(case["counts"], rank=rank, allowed={"isend", "irecv"}, what=label,
                              exactly={SENDS: 2 * (n - 1), RECVS: 2 * (n - 1)})
                 lo, hi = case["numel"] // n, -(-case["numel"] // n)

@@ -61,7 +61,7 @@ def assert_equal_on_rank(got, expected, *, rank: int, what: str, atol: float = 0
     more = f"; {len(bad)} of {e.numel()} elements differ" if len(bad) > 1 else ""
     raise AssertionError(f"{prefix} differs from the built-in at index {i}: expected "
                          f"{_fmt(e[i].item())}, got {_fmt(g[i].item())} ({dtype}, "
-                         f"{e.numel()} elements{more})")
+                         f"{e.numel()} element{'s' if e.numel() != 1 else ''}{more})")
 
 
 def _total(counts: Mapping, names) -> int:

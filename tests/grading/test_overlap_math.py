@@ -1,0 +1,108 @@
+"""Grading the `overlap_math` lab: hand-computed values, then predictions vs measured traces."""
+import json
+import math
+
+import pytest
+
+from workbook import launch
+from workbook.grading import load_lab
+
+H100 = dict(flops=790e12, bandwidth_Bps=900e9, latency_s=2e-6)
+
+
+def lab():
+    return load_lab("overlap_math")
+
+
+def layer(**kw):
+    base = dict(hidden=1024, ffn_hidden=4096, batch=2, seq=512, style="gpt", bytes_per_element=2)
+    base.update(kw)
+    return lab().Layer(**base)
+
+
+@pytest.mark.points(1)
+def test_linear_flops():
+    assert lab().linear_flops(10, 3, 7) == 420
+    assert lab().linear_flops(4096, 8192, 8192) == 2 * 4096 * 8192 * 8192
+
+
+@pytest.mark.points(1)
+def test_layer_params_gpt_and_llama():
+    assert lab().layer_params(layer()) == 4 * 1024**2 + 2 * 1024 * 4096        # 12 h^2
+    assert lab().layer_params(layer(style="llama", ffn_hidden=2816)) == 4 * 1024**2 + 3 * 1024 * 2816
+
+
+@pytest.mark.points(1)
+def test_layer_forward_flops_include_attention():
+    expected = 2 * 1024 * (12 * 1024**2) + 4 * 2 * 512**2 * 1024
+    got = lab().layer_forward_flops(layer())
+    assert got == pytest.approx(expected), f"expected {expected:.4g} FLOPs, got {got:.4g}"
+
+
+@pytest.mark.points(2)
+def test_collective_time_uses_bus_factors():
+    L = lab()
+    hw = L.Hardware("h100", **H100)
+    assert L.collective_time("all_reduce", 9e9, 8, hw) == pytest.approx(2e-6 + 9e9 * 1.75 / 900e9)
+    assert L.collective_time("all_gather", 9e9, 4, hw) == pytest.approx(2e-6 + 9e9 * 0.75 / 900e9)
+    assert L.collective_time("send", 9e8, 2, hw) == pytest.approx(2e-6 + 1e-3)
+    assert L.collective_time("all_reduce", 9e9, 1, hw) == 0.0
+
+
+@pytest.mark.points(2)
+def test_tp_dp_zero3_pp_predictions():
+    L = lab()
+    hw = L.Hardware("h100", **H100)
+    ly = layer()
+    fwd = 2 * 1024 * (12 * 1024**2) + 4 * 2 * 512**2 * 1024
+    act = 2 * 512 * 1024 * 2
+    params = 12 * 1024**2 * 2
+    tp = L.tp_layer(ly, 4, hw)
+    assert tp.comm_s == pytest.approx(2 * (2e-6 + act * 1.5 / 900e9))
+    assert tp.compute_s == pytest.approx(fwd / 4 / 790e12)
+    dp = L.dp_layer(ly, 8, hw)
+    assert dp.comm_s == pytest.approx(2e-6 + params * 1.75 / 900e9)
+    assert dp.compute_s == pytest.approx(2 * fwd / 790e12)
+    z3 = L.zero3_layer(ly, 8, hw)
+    assert z3.comm_s == pytest.approx(3 * (2e-6 + params * 0.875 / 900e9))
+    assert z3.compute_s == pytest.approx(3 * fwd / 790e12)
+    pp = L.pp_stage(ly, 4, hw)
+    assert pp.comm_s == pytest.approx(2e-6 + act / 900e9)
+    assert pp.compute_s == pytest.approx(4 * fwd / 790e12)
+    assert pp.hides and tp.ratio == pytest.approx(tp.comm_s / tp.compute_s)
+
+
+def measured_on_link(trace_dir):
+    """On each rank: several TP-like steps, traced on the simulated link."""
+    from workbook.trace.capture import rank_trace
+    L = load_lab("overlap_math")
+    with rank_trace(trace_dir, lab="overlap_math"):
+        steps = [L.measure_tp_like_step() for _ in range(5)]
+    return steps
+
+
+@pytest.mark.points(3)
+def test_predictions_match_the_measured_trace(tmp_path):
+    """On 3 ranks (where the bus factor is not 1), every collective the trace shows on the link
+    lasts what collective_time predicts (±2%),
+    and the predicted compute time is within a factor of 3 of the measured median."""
+    from workbook import link as link_module
+    L = lab()
+    res = launch.shared_pool(3, "gloo").run(measured_on_link, str(tmp_path), link="dgx-h100",
+                                             timeout=120)
+    meta = json.loads((tmp_path / "run.json").read_text())["link"]
+    sim = link_module.make_link("dgx-h100", meta["local_gflops"] * 1e9)
+    hw = L.simulated_hardware(sim)
+    for rank in (0, 1, 2):
+        events = json.loads((tmp_path / f"rank{rank}.trace.json").read_text())["traceEvents"]
+        spans = [e for e in events if e.get("cat") == "link" and e["name"] == "all_reduce"]
+        assert len(spans) == 5, f"rank {rank}: expected 5 all-reduce spans on the link, got {len(spans)}"
+        for s in spans:
+            predicted = L.collective_time("all_reduce", s["args"]["bytes"], 3, hw) * 1e6
+            assert s["dur"] == pytest.approx(predicted, rel=0.02), (
+                f"rank {rank}: all_reduce of {s['args']['bytes']} B lasted {s['dur']:.0f} us on the "
+                f"link, collective_time predicts {predicted:.0f} us")
+        measured = sorted(r["compute_s"] for r in res[rank])[2]
+        predicted = L.compute_time(res[rank][0]["flops"], hw)
+        assert math.isfinite(predicted) and predicted / 3 < measured < predicted * 3, (
+            f"rank {rank}: compute predicted {predicted * 1e3:.2f} ms, measured {measured * 1e3:.2f} ms")
