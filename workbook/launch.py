@@ -299,6 +299,13 @@ class RankPool:
         choose_backend(self.backend, self.world_size, link)
         self._task_id += 1
         payload = cloudpickle.dumps((fn, args, kwargs))
+        try:
+            return self._run_task(payload, link, timeout)
+        except KeyboardInterrupt:               # a notebook's stop button: ranks are mid-task
+            self.close(force=True)
+            raise
+
+    def _run_task(self, payload: bytes, link: str, timeout: float) -> list:
         for conn in self._conns:
             conn.send(("run", self._task_id, payload, link, timeout))
         results: dict[int, object] = {}
