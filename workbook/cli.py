@@ -32,7 +32,7 @@ def cmd_doctor(args) -> int:
     print(f"nccl        {'yes' if dist.is_nccl_available() and gpus else 'no'}"
           + ("" if gpus else " (needs a GPU per rank)"))
     print(f"default     {launch.choose_backend(None, 2)} for 2 ranks")
-    torch.set_num_threads(launch._threads_per_rank(2))
+    torch.set_num_threads(launch.threads_per_rank(2))
     flops = link.measure_local_flops()
     print(f"matmul      {flops / 1e9:.1f} GFLOP/s fp32 on {torch.get_num_threads()} thread(s), "
           "as one of 2 ranks computes (calibrates the link)")

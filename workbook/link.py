@@ -24,6 +24,10 @@ t(op_k) later::
 
     start_k = max(i_k, end_{k-1}),    end_k = start_k + t(op_k)
 
+The link is full duplex, as NVLink and InfiniBand are: a send and a receive travel in opposite
+directions at the same time (a ring step sends one chunk while it receives another), so
+point-to-point ops queue per direction, while a collective occupies both.
+
 The modelled time is paid only when the result is needed: ``work.wait()`` (which a synchronous
 call makes for you) returns once the real gloo op is done *and* ``end_k`` has passed. Compute
 issued between an async op and its wait therefore runs *during* the modelled transfer: overlap
@@ -164,6 +168,10 @@ def link_from_env() -> Link | None:
     return make_link(raw)
 
 
+# Which direction of the (full-duplex) link an op occupies; collectives occupy both.
+DIRECTIONS = {"send": ("send",), "recv": ("recv",)}
+
+
 # --------------------------------------------------------------------------- the op log
 @dataclass
 class OpRecord:
@@ -186,13 +194,13 @@ class _LinkState:
     def __init__(self) -> None:
         self.link: Link | None = None
         self.lock = threading.Lock()
-        self.free_at_ns = 0
+        self.free_at_ns = {"send": 0, "recv": 0}    # the link is full duplex: one lane each way
         self.log: list[OpRecord] = []
         self.seq = 0
 
     def reset(self, link: Link | None) -> None:
         with self.lock:
-            self.link, self.free_at_ns, self.log, self.seq = link, 0, [], 0
+            self.link, self.free_at_ns, self.log, self.seq = link, {"send": 0, "recv": 0}, [], 0
 
 
 STATE = _LinkState()
@@ -298,9 +306,11 @@ class LinkedProcessGroup(dist.ProcessGroup):
         with STATE.lock:                 # the link carries one op at a time, in issue order
             STATE.seq += 1
             rec.seq = STATE.seq
-            rec.start_ns = max(rec.issued_ns, STATE.free_at_ns)
+            lanes = DIRECTIONS.get(op, ("send", "recv"))
+            rec.start_ns = max(rec.issued_ns, *(STATE.free_at_ns[d] for d in lanes))
             rec.end_ns = rec.start_ns + rec.modelled_ns
-            STATE.free_at_ns = rec.end_ns
+            for d in lanes:
+                STATE.free_at_ns[d] = rec.end_ns
             STATE.log.append(rec)
         return LinkWork(inner, rec)
 

@@ -110,3 +110,22 @@ def test_all_ranks_share_one_calibration():
     res = launch.shared_pool(2, "gloo").run(calibrated_presets, link="dgx-h100-ib")
     assert res[0][1] == res[1][1]
     assert res[0][1].local_flops == 5e10            # pinned by conftest
+
+
+def exchange():
+    """Both ranks send and receive at once: a full-duplex link carries both in one op time."""
+    link.set_link(FIXED)
+    peer = 1 - dist.get_rank()
+    out, inbox = torch.ones(N), torch.empty(N)
+    dist.barrier()
+    t0 = time.perf_counter()
+    works = [dist.isend(out, peer), dist.irecv(inbox, peer)]
+    for w in works:
+        w.wait()
+    return time.perf_counter() - t0
+
+
+def test_the_link_is_full_duplex():
+    # one 8 MB send at 40 MB/s takes 0.2 s; a send and a receive together take 0.2 s, not 0.4 s
+    for seconds in launch.run(exchange, 2, backend="gloo", pool=True):
+        assert 0.19 < seconds < 0.32

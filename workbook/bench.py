@@ -1,0 +1,217 @@
+"""``workbook bench``: time a collective over a sweep of sizes, nccl-tests style.
+
+For each size S (bytes) the ranks run the collective ``--warmup`` times, then ``--iters``
+times back to back; a rank's time is the mean of those, and the reported time is the slowest
+rank's (a collective is done when its last rank is). From it, as nccl-tests does:
+
+* algbw = S / time;
+* busbw = algbw * bus factor, the rate the busiest link ran at: 2(n-1)/n for all-reduce,
+  (n-1)/n for all-gather and reduce-scatter, 1 for broadcast and reduce
+  (``workbook.link.bus_factor``).
+
+S is the full buffer: for all-gather the gathered output, for reduce-scatter the input, so
+that each rank contributes S/n. Data is float32 zeros (no value growth across iterations).
+
+``--impl builtin`` times torch.distributed's own collective; ``labs``, ``solutions`` or a
+folder time a lab's build: all_reduce is ``ring_allreduce.ring_all_reduce``, the others come
+from the collectives lab (broadcast and reduce: the binomial-tree builds). On a simulated
+link (``--link dgx-h100``, gloo on CPU) the numbers are the link model's, labelled
+"simulated"; on NCCL they are the GPUs', named in the header.
+
+    workbook bench all_reduce --nproc 4 --impl solutions --sizes 1M,64M --json ring.json
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+LAB_BUILDS = {"all_reduce": ("ring_allreduce", "ring_all_reduce"),
+              "all_gather": ("collectives", "all_gather"),
+              "reduce_scatter": ("collectives", "reduce_scatter"),
+              "broadcast": ("collectives", "tree_broadcast"),
+              "reduce": ("collectives", "tree_reduce")}
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+# --------------------------------------------------------------------------- sizes
+def parse_size(text: str) -> int:
+    """``"4096"``, ``"1K"``, ``"64M"``, ``"1G"`` (binary units) -> bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGB]?)(?:i?B)?\s*", text.upper())
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 1K, 64M)")
+    return int(m[1]) * _UNITS[m[2]]
+
+
+def parse_sizes(spec: str, factor: int = 2) -> list[int]:
+    """``"1K..64M"`` (every factor-th step), ``"1M,64M"``, or a mix: a sorted list of bytes."""
+    if factor < 2:
+        raise ValueError("--factor must be at least 2")
+    sizes: set[int] = set()
+    for part in spec.split(","):
+        if ".." in part:
+            lo, hi = (parse_size(p) for p in part.split(".."))
+            if lo < 1 or hi < lo:
+                raise ValueError(f"bad size range {part!r}")
+            s = lo
+            while s <= hi:
+                sizes.add(s)
+                s *= factor
+        elif part.strip():
+            sizes.add(parse_size(part))
+    return sorted(sizes)
+
+
+def human(size: int) -> str:
+    """1048576 -> "1M"; 1048572 -> "1.0M" (not a whole number of units: one decimal)."""
+    for unit in ("G", "M", "K"):
+        if size >= _UNITS[unit]:
+            value = size / _UNITS[unit]
+            return f"{value:.0f}{unit}" if value.is_integer() else f"{value:.1f}{unit}"
+    return f"{size}B"
+
+
+# --------------------------------------------------------------------------- on every rank
+def _bench_rank(collective: str, size_bytes: int, impl: str, iters: int, warmup: int) -> dict:
+    """Time ``collective`` on this rank; return its mean seconds per iteration and context."""
+    import torch
+    import torch.distributed as dist
+    from workbook import launch, link
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dev = launch.device()
+    count = max(1, size_bytes // 4)
+    if collective in ("all_gather", "reduce_scatter"):
+        count = max(n, count // n * n)                     # equal chunks, as the built-ins need
+    big = torch.zeros(count, device=dev)                   # float32[count]: the full buffer
+    small = torch.zeros(count // n, device=dev) if collective in ("all_gather", "reduce_scatter") \
+        else None                                          # float32[count/n]: one rank's chunk
+    if impl == "builtin":
+        calls = {"all_reduce": lambda: dist.all_reduce(big),
+                 "all_gather": lambda: dist.all_gather_into_tensor(big, small),
+                 "reduce_scatter": lambda: dist.reduce_scatter_tensor(small, big),
+                 "broadcast": lambda: dist.broadcast(big, src=0),
+                 "reduce": lambda: dist.reduce(big, dst=0)}
+        name = f"torch.distributed.{collective}"
+    else:
+        from workbook.grading.labs import load_lab
+        lab_name, fn_name = LAB_BUILDS[collective]
+        fn = getattr(load_lab(lab_name, impl), fn_name)
+        calls = {"all_reduce": lambda: fn(big),
+                 "all_gather": lambda: fn(big, small),
+                 "reduce_scatter": lambda: fn(small, big),
+                 "broadcast": lambda: fn(big, 0),
+                 "reduce": lambda: fn(big, 0)}
+        name = f"{lab_name}.{fn_name}"
+    step = calls[collective]
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        step()
+    sync()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    sync()
+    seconds = (time.perf_counter() - start) / iters
+    sim = link.current_link()
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    return {"seconds": seconds, "size_bytes": count * 4, "name": name,
+            "backend": launch.context().backend, "device": where,
+            "link": sim.label if sim is not None else None}
+
+
+# --------------------------------------------------------------------------- the sweep
+def run_bench(collective: str, nproc: int, *, impl: str = "builtin", link: str = "none",
+              sizes=(1 << 20,), iters: int = 10, warmup: int = 2, backend: str | None = None,
+              timeout: float = 600.0, progress: bool = True, out=print) -> dict:
+    """Run the sweep on ``nproc`` fresh ranks; return the JSON document (and print a table)."""
+    from workbook.launch import RankPool
+    from workbook.link import bus_factor
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}: choose one of {', '.join(COLLECTIVES)}")
+    factor = bus_factor(collective, nproc)
+    rows = []
+    with RankPool(nproc, backend, link=link) as pool:
+        try:
+            from tqdm import tqdm
+            bar = tqdm(sizes, desc=f"bench {collective}", unit="size", leave=False,
+                       disable=not progress or len(sizes) < 4, file=sys.stderr)
+            write = tqdm.write if not bar.disable else out
+        except ImportError:                                 # tqdm is optional
+            bar, write = sizes, out
+        header = False
+        for size in bar:
+            per_rank = pool.run(_bench_rank, collective, size, impl, iters, warmup, link=link,
+                                timeout=timeout)
+            first = per_rank[0]
+            if not header:
+                simulated = f"{first['link']} -- SIMULATED numbers" if first["link"] else \
+                    f"real {first['device']} ({first['backend']}), no simulated link"
+                write(f"# bench {collective}: {first['name']} on {nproc} rank(s); {simulated}")
+                write(f"# time = slowest rank's mean over {iters} iterations ({warmup} warm-up); "
+                      f"busbw = algbw * {factor:.3g}")
+                write(f"{'size':>8} {'bytes':>12} {'time (us)':>12} {'algbw (GB/s)':>13} "
+                      f"{'busbw (GB/s)':>13}")
+                header = True
+            seconds = max(r["seconds"] for r in per_rank)
+            nbytes = first["size_bytes"]
+            algbw = nbytes / seconds / 1e9
+            rows.append({"size_bytes": nbytes, "time_us": seconds * 1e6,
+                         "algbw_gbps": algbw, "busbw_gbps": algbw * factor})
+            write(f"{human(nbytes):>8} {nbytes:>12} {seconds * 1e6:>12.1f} {algbw:>13.3f} "
+                  f"{algbw * factor:>13.3f}")
+    label = "none" if link in (None, "none") else f"simulated:{link}"
+    return {"collective": collective, "nproc": nproc, "impl": impl, "link": label, "rows": rows}
+
+
+# --------------------------------------------------------------------------- the CLI
+def _handle(args) -> int:
+    from workbook.link import preset_names
+    if args.link not in preset_names():
+        raise ValueError(f"unknown link preset {args.link!r}: choose one of {', '.join(preset_names())}")
+    try:
+        doc = run_bench(args.collective, args.nproc, impl=args.impl, link=args.link,
+                        sizes=parse_sizes(args.sizes, args.factor), iters=args.iters,
+                        warmup=args.warmup, backend=args.backend, timeout=args.timeout,
+                        progress=not args.no_progress)
+    except NotImplementedError as exc:
+        print(f"workbook bench: {exc} (finish the lab first, or use --impl builtin)",
+              file=sys.stderr)
+        return 1
+    if args.json:
+        from pathlib import Path
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"# written to {args.json}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``bench`` to the ``workbook`` command's subparsers."""
+    p = subparsers.add_parser("bench", help="time a collective over sizes: algbw and busbw",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("collective", choices=COLLECTIVES)
+    p.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
+    p.add_argument("--impl", default="builtin",
+                   help="builtin (default), labs, solutions, or a folder of lab files")
+    p.add_argument("--link", default="none", help="simulated link preset, or none (default)")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default=None)
+    p.add_argument("--sizes", default="1K..64M",
+                   help="bytes: a range LO..HI (steps of --factor) and/or a list, e.g. 1M,64M")
+    p.add_argument("--factor", type=int, default=4, help="step of a size range (default 4)")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default 2)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per size")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the rows here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_handle, handler=_handle)
+
+
+if __name__ == "__main__":                                 # python -m workbook.bench ...
+    import argparse
+    _parser = argparse.ArgumentParser(prog="python -m workbook.bench")
+    register(_parser.add_subparsers(dest="command", required=True))
+    _args = _parser.parse_args(["bench", *sys.argv[1:]])
+    sys.exit(_args.func(_args))

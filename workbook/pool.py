@@ -1,0 +1,328 @@
+"""A pool of live rank processes: start Python and torch once, then run check after check.
+
+Starting a rank costs seconds (Python, then ``import torch``); a grader runs hundreds of small
+distributed checks. ``RankPool(n)`` starts ``n`` rank processes once; each ``pool.run(fn)`` then
+sends ``fn`` (by value, with cloudpickle, so notebook functions work) to every rank over a pipe
+and collects the results, in milliseconds.
+
+Failure handling, the part learners meet most:
+
+* a rank that raises sends back its exception and formatted traceback, then tears down its
+  process group so that peers blocked on it fail fast; the caller gets the *first real* error
+  (a peer's "connection closed" is secondary) with a note naming the rank;
+* after a failure the ranks build fresh process groups (a new store prefix) in the same
+  processes; a rank that died or never answered closes the pool instead;
+* after ``timeout`` seconds the caller gets ``RanksTimedOut`` with the flight recorder's
+  per-rank report, and every rank is killed;
+* ranks die with the launching process (``PR_SET_PDEATHSIG``), so nothing is left running.
+
+The rendezvous store listens on a port the OS picks (port 0): parallel pools never collide.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import sys
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing import get_context
+from multiprocessing.connection import wait as wait_for_pipes
+from multiprocessing.shared_memory import SharedMemory
+
+import cloudpickle
+
+from workbook.ranks import choose_backend, init_rank, set_link, threads_per_rank
+
+DEFAULT_TIMEOUT = 120.0
+ERROR_GRACE_S = 3.0            # after a first error, how long peers get to report theirs
+
+
+class RanksTimedOut(TimeoutError):
+    """The ranks did not finish in time; the message holds the per-rank hang report."""
+
+
+class RankFailed(RuntimeError):
+    """A rank raised an exception that could not be sent back as itself."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a rank's formatted traceback as the ``__cause__`` of the re-raised exception."""
+
+    def __str__(self):
+        return "\n" + self.args[0]
+
+
+def _describe_error(rank: int, exc: BaseException) -> dict:
+    import torch.distributed as dist
+    text = "".join(traceback.format_exception(exc))
+    secondary = isinstance(exc, getattr(dist, "DistBackendError", ())) or any(
+        s in str(exc) for s in ("Connection closed by peer", "Connection reset", "Broken pipe",
+                                "Socket Timeout", "Timed out waiting", "NCCL communicator was aborted"))
+    try:
+        payload = pickle.dumps(exc)
+        pickle.loads(payload)
+    except Exception:
+        payload = None
+    return {"rank": rank, "type": type(exc).__name__, "message": str(exc), "traceback": text,
+            "secondary": secondary, "pickled": payload}
+
+
+def _die_with_parent() -> None:
+    """Linux: deliver SIGKILL to this rank when the launching process goes away."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_path, env):
+    """The loop of a spawned rank: initialise once, then run tasks until told to stop."""
+    _die_with_parent()
+    os.environ.update(env)
+    sys.path[:] = parent_path
+    import torch
+    import torch.distributed as dist
+    from workbook import flight, link
+
+    torch.set_num_threads(threads_per_rank(world_size))
+    shm = SharedMemory(name=shm_name)
+    flight.RECORDER.slot = shm.buf[rank * flight.SLOT_BYTES:(rank + 1) * flight.SLOT_BYTES]
+    store = dist.TCPStore("127.0.0.1", store_port, world_size + 1, is_master=False,
+                          timeout=timedelta(seconds=60))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size))
+    links: dict = {}
+    generation = 0
+    try:
+        init_rank(rank, world_size, rank, backend, store, generation, DEFAULT_TIMEOUT)
+        conn.send(("ready", None))
+        while True:
+            msg = conn.recv()
+            if msg[0] == "close":
+                break
+            if msg[0] == "reinit":                    # after a failed task: a fresh group
+                generation = msg[1]
+                links.clear()
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                init_rank(rank, world_size, rank, backend, store, generation, DEFAULT_TIMEOUT)
+                conn.send(("ready", None))
+                continue
+            _, task_id, payload, preset, timeout_s = msg
+            flight.RECORDER.reset()
+            try:
+                fn, args, kwargs = cloudpickle.loads(payload)
+                set_link(preset, links)
+                result = fn(*args, **kwargs)
+                conn.send_bytes(pickle.dumps(("ok", task_id, result)))
+            except BaseException as exc:              # noqa: BLE001 - every failure goes back
+                report = _describe_error(rank, exc)
+                try:                                  # unblock peers waiting on this rank
+                    dist.destroy_process_group()
+                except Exception:
+                    pass
+                link.set_link(None)
+                conn.send_bytes(pickle.dumps(("err", task_id, report)))
+    finally:
+        flight.RECORDER.slot = None
+        shm.close()
+
+
+# --------------------------------------------------------------------------- the pool
+class RankPool:
+    """``world_size`` live rank processes that run task after task (see the module docstring)."""
+
+    def __init__(self, world_size: int, backend: str | None = None, *, link: str = "none",
+                 master_port: int | None = None, start_timeout: float = 120.0):
+        import torch.distributed as dist
+        from workbook import flight
+        self.backend = choose_backend(backend, world_size, link)
+        self.world_size = world_size
+        try:
+            self._store = dist.TCPStore("127.0.0.1", master_port or 0, world_size + 1,
+                                        is_master=True, timeout=timedelta(seconds=60),
+                                        wait_for_workers=False)
+        except Exception as exc:                      # noqa: BLE001
+            raise ValueError(f"port {master_port} is already in use on 127.0.0.1: pass another "
+                             f"master port or leave it unset to pick a free one ({exc})") from None
+        self._shm = SharedMemory(create=True, size=world_size * flight.SLOT_BYTES)
+        self._shm.buf[:] = b"\0" * len(self._shm.buf)
+        ctx = get_context("spawn")
+        self._conns, self._procs = [], []
+        env = {k: v for k, v in os.environ.items() if k.startswith(("WORKBOOK_", "CUDA", "NCCL"))}
+        for rank in range(world_size):
+            parent_end, child_end = ctx.Pipe()
+            p = ctx.Process(target=_rank_main, daemon=True, name=f"workbook-rank{rank}",
+                            args=(rank, world_size, self.backend, self._store.port, child_end,
+                                  self._shm.name, list(sys.path), env))
+            p.start()
+            child_end.close()
+            self._conns.append(parent_end)
+            self._procs.append(p)
+        self._task_id = 0
+        self._generation = 0
+        self.closed = False
+        self._await_ready(start_timeout)
+
+    @property
+    def port(self) -> int:
+        return self._store.port
+
+    def _await_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for rank, conn in enumerate(self._conns):
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                self.close()
+                raise RanksTimedOut(f"rank {rank} did not start within {timeout:g} s")
+            try:
+                kind, _ = conn.recv()
+            except EOFError:
+                self.close()
+                raise RankFailed(f"rank {rank} exited while starting (exit code "
+                                 f"{self._procs[rank].exitcode})") from None
+            assert kind == "ready"
+
+    def run(self, fn, *args, link: str = "none", timeout: float = DEFAULT_TIMEOUT, **kwargs) -> list:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results indexed by rank."""
+        if self.closed:
+            raise RuntimeError("this RankPool is closed")
+        choose_backend(self.backend, self.world_size, link)
+        self._task_id += 1
+        payload = cloudpickle.dumps((fn, args, kwargs))
+        try:
+            return self._run_task(payload, link, timeout)
+        except KeyboardInterrupt:               # a notebook's stop button: ranks are mid-task
+            self.close(force=True)
+            raise
+
+    def _run_task(self, payload: bytes, link: str, timeout: float) -> list:
+        for conn in self._conns:
+            conn.send(("run", self._task_id, payload, link, timeout))
+        results: dict[int, object] = {}
+        errors: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout
+        first_error_at = None
+        pending = dict(enumerate(self._conns))
+        while pending:
+            limit = deadline if first_error_at is None else min(deadline, first_error_at + ERROR_GRACE_S)
+            ready = wait_for_pipes(list(pending.values()), max(0.0, limit - time.monotonic()))
+            if not ready:
+                break
+            for conn in ready:
+                rank = self._conns.index(conn)
+                try:
+                    kind, task_id, value = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    code = self._procs[rank].exitcode
+                    errors[rank] = {"rank": rank, "type": "RankFailed", "secondary": False,
+                                    "message": f"rank {rank} died (exit code {code})",
+                                    "traceback": "", "pickled": None}
+                    pending.pop(rank)
+                    continue
+                pending.pop(rank)
+                if kind == "ok":
+                    results[rank] = value
+                else:
+                    errors[rank] = value
+                    first_error_at = first_error_at or time.monotonic()
+        if errors:
+            self._recover(pending)
+            raise _reraise(_primary(errors), self.world_size)
+        if pending:
+            from workbook import flight
+            slots = [flight.read_slot(self._shm.buf[r * flight.SLOT_BYTES:(r + 1) * flight.SLOT_BYTES])
+                     for r in range(self.world_size)]
+            report = flight.hang_report(slots, timeout)
+            self.close(force=True)
+            raise RanksTimedOut(report)
+        return [results[r] for r in range(self.world_size)]
+
+    def _recover(self, still_running: dict) -> None:
+        """After a failure: fresh process groups in the same processes, or a closed pool."""
+        if still_running or not all(p.is_alive() for p in self._procs):
+            self.close(force=True)
+            return
+        self._generation += 1
+        try:
+            for conn in self._conns:
+                conn.send(("reinit", self._generation))
+            for conn in self._conns:
+                if not conn.poll(30) or conn.recv()[0] != "ready":
+                    raise EOFError
+        except (EOFError, OSError):
+            self.close(force=True)
+
+    def alive(self) -> bool:
+        return not self.closed and all(p.is_alive() for p in self._procs)
+
+    def close(self, force: bool = False) -> None:
+        """Stop every rank (politely unless ``force``, then by kill) and free the shared memory."""
+        if self.closed:
+            return
+        self.closed = True
+        for conn in self._conns:
+            try:
+                conn.send(("close",))
+            except Exception:
+                pass
+        deadline = time.monotonic() + (0.0 if force else 2.0)
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._shm.close()
+        try:
+            self._shm.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _primary(errors: dict[int, dict]) -> dict:
+    """The error that caused the others: the first that is not a peer's "connection closed"."""
+    real = [e for e in errors.values() if not e["secondary"]]
+    return (real or list(errors.values()))[0]
+
+
+def _reraise(err: dict, world_size: int) -> BaseException:
+    exc = pickle.loads(err["pickled"]) if err.get("pickled") else RankFailed(
+        f"rank {err['rank']} raised {err['type']}: {err['message']}")
+    exc.__cause__ = RemoteTraceback(err["traceback"]) if err["traceback"] else None
+    try:
+        exc.add_note(f"(raised on rank {err['rank']} of {world_size})")
+        exc.rank = err["rank"]
+    except Exception:
+        pass
+    return exc
+
+
+_POOLS: dict[tuple, RankPool] = {}
+
+
+def shared_pool(world_size: int, backend: str | None = None) -> RankPool:
+    """A pool kept for the life of this process (tests, notebooks); replaced if it broke."""
+    key = (world_size, choose_backend(backend, world_size))
+    pool = _POOLS.get(key)
+    if pool is None or not pool.alive():
+        pool = _POOLS[key] = RankPool(world_size, key[1])
+    return pool
+
+
+@atexit.register
+def close_shared_pools() -> None:
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()

@@ -1,0 +1,119 @@
+"""Inside a rank: which backend and device it uses, and how it joins the process group.
+
+Shared by every way of starting ranks (``workbook.pool`` spawns them, ``torchrun`` starts them
+and ``workbook.launch.init_from_env`` joins them), so a lab sees the same world either way:
+
+* backend: gloo on CPU, always through the simulated link's backend (``workbook.link``: with
+  the link set to ``none`` it adds nothing); NCCL with one GPU per rank;
+* threads: a CPU rank gets ``cores // ranks`` torch threads so ranks do not fight for cores;
+* the flight recorder is installed, so a hang can be reported per rank.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass
+class RankContext:
+    """What a rank function may ask about where it runs (``workbook.launch.context()``)."""
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: str
+
+
+_CONTEXT: RankContext | None = None
+
+
+def context() -> RankContext:
+    if _CONTEXT is None:
+        raise RuntimeError("not inside a rank: call this from a function started by workbook.launch")
+    return _CONTEXT
+
+
+def device():
+    """The torch device of this rank: ``cuda:LOCAL_RANK`` on NCCL, else ``cpu``."""
+    import torch
+    return torch.device(context().device)
+
+
+# --------------------------------------------------------------------------- choosing
+def gpu_count() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def choose_backend(backend: str | None, local_world_size: int, link: str | None = "none") -> str:
+    """``None`` means NCCL if every local rank can have its own GPU, else gloo."""
+    from workbook.link import preset_names
+    if link not in (None, *preset_names()):
+        raise ValueError(f"unknown link preset {link!r}: choose one of {', '.join(preset_names())}")
+    if local_world_size < 1:
+        raise ValueError(f"--nproc must be at least 1 (got {local_world_size})")
+    gpus = gpu_count()
+    if backend is None:
+        backend = "nccl" if gpus >= local_world_size and link in (None, "none") else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"unknown backend {backend!r}: use gloo (CPU) or nccl (one GPU per rank)")
+    if backend == "nccl":
+        if gpus < local_world_size:
+            raise ValueError(f"backend nccl needs one GPU per rank: {local_world_size} ranks but "
+                             f"{gpus} GPU(s) visible; use --backend gloo or fewer ranks")
+        if link not in (None, "none"):
+            raise ValueError("the simulated link runs on gloo (CPU); on GPUs the real interconnect "
+                             "is measured: drop --link or use --backend gloo")
+    return backend
+
+
+def threads_per_rank(local_world_size: int) -> int:
+    return max(1, (os.cpu_count() or 1) // local_world_size)
+
+
+# --------------------------------------------------------------------------- inside a rank
+def init_rank(rank, world_size, local_rank, backend, store, generation, timeout_s):
+    """Initialise torch.distributed in this process (the part spawned ranks and torchrun share)."""
+    global _CONTEXT
+    import warnings
+    import torch
+    import torch.distributed as dist
+    from workbook import flight, link
+
+    warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed")
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        dev, pg_backend = f"cuda:{local_rank}", "nccl"
+    else:
+        dev, pg_backend = "cpu", link.BACKEND_NAME
+        link.register()
+    kwargs = dict(backend=pg_backend, rank=rank, world_size=world_size,
+                  timeout=timedelta(seconds=timeout_s))
+    if store is not None:
+        kwargs["store"] = dist.PrefixStore(f"gen{generation}", store)
+    if backend == "nccl":
+        kwargs["device_id"] = torch.device(dev)
+    dist.init_process_group(**kwargs)
+    flight.RECORDER.install()
+    _CONTEXT = RankContext(rank, world_size, local_rank, backend, dev)
+
+
+def set_link(preset: str, cache: dict) -> None:
+    """All ranks agree on one calibration: rank 0 measures, the others read it from the store."""
+    import torch.distributed as dist
+    from workbook import link
+    if preset in (None, "none") or context().backend == "nccl":
+        link.set_link(None)
+        return
+    if preset not in cache:
+        store = dist.distributed_c10d._get_default_store()
+        key = f"workbook/flops/{preset}/{len(cache)}"
+        if dist.get_rank() == 0:
+            flops = float(os.environ.get(link.ENV_LOCAL_FLOPS, 0)) or link.measure_local_flops()
+            store.set(key, repr(flops))
+        cache[preset] = link.make_link(preset, float(store.get(key).decode()))
+    link.set_link(cache[preset])
