@@ -11,9 +11,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from workbook.grading.labs import LABS, impl_dir, repo_root
 
@@ -44,19 +47,34 @@ def cmd_doctor(args) -> int:
     return 0
 
 
+def _traced_self_check(self_check, trace_dir: str, lab: str):
+    from workbook.trace.capture import rank_trace
+    with rank_trace(trace_dir, lab=lab):
+        return self_check()
+
+
 def cmd_run(args) -> int:
     from workbook import launch
     from workbook.grading.labs import load_lab
     if args.lab not in LABS:
         raise ValueError(f"unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
     module = load_lab(args.lab, args.impl)
-    kwargs = {"trace_dir": str(os.path.abspath(args.trace_dir))} if args.trace_dir else {}
-    results = launch.run(module.self_check, args.nproc, backend=args.backend, link=args.link,
+    fn, kwargs = module.self_check, {}
+    if args.trace_dir:
+        trace_dir = str(Path(args.trace_dir).resolve())
+        if "trace_dir" in inspect.signature(fn).parameters:     # the lab traces what it chooses
+            kwargs["trace_dir"] = trace_dir
+        else:                                                   # else the whole self-check
+            fn = functools.partial(_traced_self_check, fn, trace_dir, args.lab)
+    results = launch.run(fn, args.nproc, backend=args.backend, link=args.link,
                          timeout=args.timeout, **kwargs)
     describe = getattr(module, "describe", None)
     print(describe(results) if describe else results)
     if args.link != "none":
         print(f"(times on the simulated {args.link} link, not measured hardware)")
+    if args.trace_dir and any(Path(args.trace_dir).glob("rank*.trace.json*")):
+        from workbook.trace.report import write_report
+        print(f"traces: {args.trace_dir}\ntrace report: {write_report(args.trace_dir, Path(args.trace_dir) / 'report.html')}")
     return 0
 
 
