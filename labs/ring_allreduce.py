@@ -172,9 +172,10 @@ def self_check(sizes=(1, 10, 1003)) -> dict:
 
 def describe(results: list[dict]) -> str:
     first, n = results[0], len(results)
-    bad = [f"rank {r['rank']}: {r['status']}" for r in results if r["status"] != "ok"]
-    lines = [f"ring all-reduce lab, {n} rank(s): " + ("ok on every rank" if not bad else
-                                                      "; ".join(bad))]
+    states = {r["status"] for r in results}
+    summary = f"{states.pop()} on every rank" if len(states) == 1 else "; ".join(
+        f"rank {r['rank']}: {r['status']}" for r in results)
+    lines = [f"ring all-reduce lab, {n} rank(s): {summary}"]
     if "ring_us" in first:
         slowest = {k: max(r[k] for r in results) for k in ("ring_us", "builtin_us")}
         lines.append(f"{'1 MB all-reduce':<22}{'time (us)':>12}{'busbw (GB/s)':>14}")
