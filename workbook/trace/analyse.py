@@ -44,13 +44,13 @@ it.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import intervals as iv
 from .classify import COMM, COMPUTE, MEMCPY, STEP, WAIT, classify, collective_of, is_phase_range
-from .load import Run, Trace, TraceError, as_run
+from .load import Trace, TraceError, as_run
 
 
 @dataclass

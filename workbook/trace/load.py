@@ -480,11 +480,13 @@ def describe_source(meta: dict, traces: Iterable[Trace] = ()) -> str:
 
 def _is_trace_file(p: Path) -> bool:
     n = p.name
-    return p.is_file() and n != "run.json" and (n.endswith(".json") or n.endswith(".json.gz"))
+    return (p.is_file() and n != "run.json" and not n.startswith("merged")
+            and (n.endswith(".json") or n.endswith(".json.gz")))
 
 
 def trace_files(run_dir: str | os.PathLike) -> list[Path]:
-    """The trace files of a run directory (every ``*.json``/``*.json.gz`` but ``run.json``)."""
+    """The trace files of a run directory: every ``*.json``/``*.json.gz`` but
+    ``run.json`` and the ``merged*`` output of :func:`workbook.trace.merge.merge`."""
     d = Path(run_dir)
     if not d.is_dir():
         raise TraceError(f"{d}: not a directory")

@@ -22,7 +22,7 @@ import gzip
 import json
 from pathlib import Path
 
-from .load import Run, TraceError, iter_document, load_run
+from .load import Run, iter_document, load_run
 
 _DROPPED_META = {"process_name", "process_labels", "process_sort_index", "thread_sort_index"}
 

@@ -1,8 +1,8 @@
 """Benchmark of the trace toolkit (a script, not a test).
 
-    python tests/package/bench_trace.py                    # 8 ranks x 200k events, 500 MB file
-    python tests/package/bench_trace.py --ranks 2 --events 20000 --big-mb 50   # quick
-    python tests/package/bench_trace.py --hta /tmp/hta-venv/bin/python          # + HTA 0.5
+    python tests/bench/bench_trace.py                    # 8 ranks x 200k events, 500 MB file
+    python tests/bench/bench_trace.py --ranks 2 --events 20000 --big-mb 50   # quick
+    python tests/bench/bench_trace.py --hta /tmp/hta-venv/bin/python          # + HTA 0.5
 
 It writes synthetic GPU-like traces into a temporary directory -- host
 operators, CUDA launches, compute kernels on two streams, NCCL kernels (half
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import resource
 import subprocess

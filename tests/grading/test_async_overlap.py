@@ -1,0 +1,396 @@
+"""Autograder for lab 3, ``async_overlap``: the numbers, then how much communication hid.
+
+Numerics run on 1, 2, 3 and 4 ranks without a link model; overlap runs on 2 ranks over the
+simulated ``dgx-h100`` link, and is read from each rank's own profiler trace: the share of every
+graded all-reduce's ``link`` span that the rank's compute covers (``workbook.trace``).
+
+While the lab runs, ``dist.all_reduce`` is watched by a spy that behaves as a GPU would: an
+asynchronous all-reduce's result lands in the tensor only when its work is waited on. A lab that
+never waits therefore shows unreduced numbers on CPU too (on gloo they would arrive by luck),
+and the spy's log says which work was never waited on and when each wait started.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import pytest
+import torch
+
+from workbook.grading.checks import assert_equal_on_rank
+
+WORLD_SIZES = (1, 2, 3, 4)
+OVERLAP_RANKS = 2
+LINK = "dgx-h100"
+THRESHOLD_PCT = 90.0
+MARGIN = 2.5                 # compute offered per all-reduce, in units of its modelled time
+CHUNKS = 4                   # pipelined exercise, overlap run
+TIMEOUT_S = 60.0
+
+
+# --------------------------------------------------------------------------- rank side
+class _SpyWork:
+    """A work handle whose result is delivered to the caller's tensor on ``wait()``."""
+
+    def __init__(self, inner, scratch, target, record):
+        self._inner, self._scratch, self._target, self._record = inner, scratch, target, record
+
+    def wait(self, timeout=None):
+        rec = self._record
+        rec.setdefault("wait_ns", time.perf_counter_ns())
+        self._inner.wait()
+        if not rec.get("waited"):
+            self._target.copy_(self._scratch)
+            rec["waited"] = True
+        return True
+
+    def is_completed(self):
+        return bool(self._record.get("waited")) and self._inner.is_completed()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class _Spy:
+    """Replaces ``dist.all_reduce`` while the lab runs; logs every call (see module docstring)."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def __enter__(self):
+        import torch.distributed as dist
+        self._dist, self._real = dist, dist.all_reduce
+        spy = self
+
+        def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            rec = {"shape": tuple(tensor.shape), "async": bool(async_op),
+                   "issued_ns": time.perf_counter_ns(), "tensor_id": id(tensor)}
+            spy.calls.append(rec)
+            if not async_op:
+                return spy._real(tensor, op=op, group=group)
+            scratch = tensor.clone()
+            inner = spy._real(scratch, op=op, group=group, async_op=True)
+            return _SpyWork(inner, scratch, tensor, rec)
+
+        dist.all_reduce = all_reduce
+        return self
+
+    def __exit__(self, *exc):
+        self._dist.all_reduce = self._real
+        return False
+
+    def log(self) -> list[dict]:
+        return [{k: v for k, v in c.items() if k != "tensor_id"} for c in self.calls]
+
+
+class _Compute:
+    """Independent compute for the lab to overlap: ``steps`` products of 384x384 matrices.
+    Logs when each call starts and ends; returns a fresh tensor (the lab must hand it back)."""
+
+    def __init__(self, steps: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.a = torch.randn(384, 384, generator=g) / 384 ** 0.5
+        self.steps, self.calls = steps, []
+
+    def __call__(self):
+        start = time.perf_counter_ns()
+        b = self.a
+        for _ in range(self.steps):
+            b = torch.tanh(self.a @ b)
+        self.calls.append((start, time.perf_counter_ns()))
+        self.last = b
+        return b
+
+
+def _steps_for(seconds: float) -> int:
+    """How many 384x384 products take ``seconds`` on this rank (measured now)."""
+    probe = _Compute(3, 0)
+    probe()
+    t0 = time.perf_counter()
+    probe()
+    per_step = (time.perf_counter() - t0) / 3
+    return max(1, math.ceil(seconds / per_step))
+
+
+def _sample(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-20, 21, shape, generator=g).to(dtype)
+
+
+def _link_spans(trace_file: str) -> list[dict]:
+    """Each communication span of the rank's trace (time order) and how much compute covers it."""
+    import numpy as np
+
+    from workbook.trace import load_trace
+    from workbook.trace import intervals as iv
+    from workbook.trace.analyse import all_compute
+    from workbook.trace.classify import COMM, classify
+    t = load_trace(trace_file)
+    kinds = classify(t)
+    compute = all_compute(t)
+    idx = np.flatnonzero(kinds == COMM)
+    idx = idx[np.argsort(t.ts[idx], kind="stable")]
+    spans = []
+    for i in idx.tolist():
+        one = (np.array([t.ts[i]]), np.array([t.end[i]]))
+        spans.append({"name": t.names[t.name_id[i]], "dur_us": float(t.dur[i]),
+                      "hidden_us": float(iv.measure(iv.intersect(one, compute)))})
+    return spans
+
+
+def _numerics(exercise: str) -> list[dict]:
+    """On every rank: the exercise on small, awkward shapes, against the synchronous all-reduce."""
+    import torch.distributed as dist
+    from workbook.grading.labs import load_lab
+    lab = load_lab("async_overlap")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = []
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        tag = str(dtype).replace("torch.", "")
+        if exercise == "overlapped":
+            for shape in ((1,), (7, 3), (1003,)):
+                x = _sample(shape, dtype, 100 * rank + sum(shape))
+                expected = x.clone()
+                dist.all_reduce(expected)
+                compute = _Compute(1, rank)
+                got = x.clone()
+                with _Spy() as spy:
+                    returned = lab.overlapped_all_reduce(got, compute)
+                out.append({"label": f"overlapped_all_reduce({tag}{list(shape)}, compute)",
+                            "got": [got], "expected": [expected], "calls": spy.log(),
+                            "compute_calls": len(compute.calls),
+                            "returned_compute": len(compute.calls) == 1
+                            and isinstance(returned, torch.Tensor)
+                            and torch.equal(returned, compute.last)})
+        else:
+            for count in (1, 3, 5):
+                chunks = [_sample((3, 7), dtype, 1000 * rank + 10 * count + k) for k in range(count)]
+                w = _sample((7, 5), dtype, 7 + rank)
+                expected = []
+                for c in chunks:
+                    y = c @ w
+                    dist.all_reduce(y)
+                    expected.append(y)
+                seen = []
+
+                def layer(x, seen=seen, w=w):
+                    seen.append(x)
+                    return x @ w
+
+                with _Spy() as spy:
+                    got = lab.pipelined_all_reduce([c.clone() for c in chunks], layer)
+                in_order = len(seen) == count and all(torch.equal(a, b) for a, b in zip(seen, chunks))
+                out.append({"label": f"pipelined_all_reduce({count} chunks of {tag}[3, 7], layer)",
+                            "got": list(got) if isinstance(got, (list, tuple)) else got,
+                            "expected": expected, "calls": spy.log(), "layer_calls": len(seen),
+                            "layer_in_order": in_order})
+    return out
+
+
+def _overlap(exercise: str, trace_dir: str) -> dict:
+    """On every rank: the exercise once on the simulated link, traced; spans and the spy's log."""
+    import torch.distributed as dist
+    from workbook import link
+    from workbook.grading.labs import load_lab
+    from workbook.trace.capture import rank_trace
+    lab = load_lab("async_overlap")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    sim = link.current_link()
+    if exercise == "overlapped":
+        x = _sample((1 << 16,), torch.float32, rank)
+        comm_s = sim.op_time("all_reduce", x.numel() * 4, n)
+        compute = _Compute(_steps_for(MARGIN * comm_s), rank)
+        expected = x.clone()
+        dist.all_reduce(expected)
+        dist.barrier()                               # outside the trace: a barrier is link time
+        with _Spy() as spy, rank_trace(trace_dir, lab="async_overlap"):
+            lab.overlapped_all_reduce(x, compute)
+        ok = torch.equal(x, expected)
+        computes = compute.calls
+    else:
+        chunks = [_sample((16, 64), torch.float32, 10 * rank + k) for k in range(CHUNKS)]
+        w = _sample((64, 1024), torch.float32, 3 + rank)
+        comm_s = sim.op_time("all_reduce", 16 * 1024 * 4, n)
+        compute = _Compute(_steps_for(MARGIN * comm_s), rank)
+        expected = []
+        for c in chunks:
+            y = c @ w
+            dist.all_reduce(y)
+            expected.append(y)
+
+        def layer(c):
+            compute()
+            return c @ w
+
+        dist.barrier()
+        with _Spy() as spy, rank_trace(trace_dir, lab="async_overlap"):
+            got = lab.pipelined_all_reduce(chunks, layer)
+        ok = isinstance(got, (list, tuple)) and len(got) == CHUNKS and all(
+            torch.equal(a, b) for a, b in zip(got, expected))
+        computes = compute.calls
+    return {"spans": _link_spans(os.path.join(trace_dir, f"rank{rank}.trace.json")),
+            "calls": spy.log(), "computes": computes, "numbers_ok": ok,
+            "modelled_ms": comm_s * 1e3, "link": sim.label}
+
+
+# --------------------------------------------------------------------------- test side
+_RUNS: dict = {}
+
+
+def _results(kind: str, exercise: str, n: int, tmp_root=None):
+    from workbook.grading.labs import ENV_IMPL
+    from workbook.launch import shared_pool
+    key = (kind, exercise, n, os.environ.get(ENV_IMPL))
+    if key not in _RUNS:
+        try:
+            if kind == "numerics":
+                value = shared_pool(n).run(_numerics, exercise, timeout=TIMEOUT_S)
+            else:
+                trace_dir = str(tmp_root / f"{exercise}-{n}")
+                value = shared_pool(n).run(_overlap, exercise, trace_dir, link=LINK,
+                                           timeout=TIMEOUT_S)
+            _RUNS[key] = ("ok", value)
+        except BaseException as exc:                    # noqa: BLE001 - replayed by each test
+            _RUNS[key] = ("err", exc)
+    status, value = _RUNS[key]
+    if status == "err":
+        raise value
+    return value
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def _check_waited(calls: list[dict], *, rank: int, where: str, what: str) -> None:
+    """Every all-reduce started with async_op=True was waited on before the lab returned."""
+    asyncs = [c for c in calls if c["async"]]
+    for k, c in enumerate(asyncs):
+        if not c.get("waited"):
+            raise AssertionError(
+                f"rank {rank}: {where}: the {what(k)} all-reduce (tensor {list(c['shape'])}) was "
+                f"started with async_op=True but its work was never waited on. Until work.wait() "
+                f"returns, the tensor need not hold the sum (on a GPU it often does not): keep the "
+                f"handle and wait on it before the result is used or returned")
+
+
+def _nth(k: int) -> str:
+    return {0: "first", 1: "second", 2: "third"}.get(k, f"{k + 1}th")
+
+
+def _check_numbers(exercise: str) -> None:
+    for n in WORLD_SIZES:
+        for rank, cases in enumerate(_results("numerics", exercise, n)):
+            for case in cases:
+                where = f"{case['label']} on {_ranks(n)}"
+                if exercise == "overlapped":
+                    if case["compute_calls"] != 1:
+                        raise AssertionError(f"rank {rank}: {where} called compute() "
+                                             f"{case['compute_calls']} time(s); call it exactly once")
+                    _check_waited(case["calls"], rank=rank, where=where, what=lambda k: _nth(k))
+                else:
+                    count = len(case["expected"])
+                    if case["layer_calls"] != count or not case["layer_in_order"]:
+                        raise AssertionError(f"rank {rank}: {where} called layer() "
+                                             f"{case['layer_calls']} time(s); call it once per "
+                                             f"chunk, in order ({count} calls)")
+                    _check_waited(case["calls"], rank=rank, where=where,
+                                  what=lambda k: f"chunk {k}'s")
+                    if not isinstance(case["got"], list) or len(case["got"]) != count:
+                        got = case["got"]
+                        raise AssertionError(f"rank {rank}: {where} returned "
+                                             f"{len(got) if isinstance(got, list) else type(got).__name__}"
+                                             f" output(s); expected a list of {count} tensors, one "
+                                             f"per chunk")
+                for k, (got, want) in enumerate(zip(case["got"], case["expected"])):
+                    label = "tensor" if exercise == "overlapped" else f"chunk {k}'s output"
+                    assert_equal_on_rank(got, want, rank=rank, what=f"{where}: {label}")
+                if exercise == "overlapped" and not case["returned_compute"]:
+                    raise AssertionError(f"rank {rank}: {where} did not return what compute() "
+                                         f"returned; return compute()'s result")
+
+
+def _diagnose_overlapped(result: dict) -> str:
+    calls, computes = result["calls"], result["computes"]
+    if not calls:
+        return "no dist.all_reduce call was seen: start it with dist.all_reduce(tensor, async_op=True)"
+    if not any(c["async"] for c in calls):
+        return ("the all-reduce was synchronous: it returned only after the transfer, before "
+                "compute() ran; pass async_op=True and keep the work it returns")
+    c = next(c for c in calls if c["async"])
+    if computes and c.get("wait_ns") and c["wait_ns"] < computes[0][0]:
+        return ("wait() was called before compute() started, so compute() had nothing left to "
+                "hide; run compute() between starting the all-reduce and waiting on it")
+    if computes and c["issued_ns"] > computes[0][0]:
+        return "compute() ran before the all-reduce was started; start the all-reduce first"
+    return "look at the timeline: the link span should lie under the compute"
+
+
+def _diagnose_pipelined(result: dict, k: int) -> str:
+    asyncs = [c for c in result["calls"] if c["async"]]
+    computes = result["computes"]
+    if len(asyncs) <= k:
+        return ("the chunks' all-reduces were synchronous: start each with async_op=True and "
+                "keep its work until the next chunk has been computed")
+    c = asyncs[k]
+    if k + 1 < len(computes) and c.get("wait_ns") and c["wait_ns"] < computes[k + 1][0]:
+        return (f"chunk {k}'s all-reduce was waited on before layer() started on chunk {k + 1}: "
+                f"wait for it only after the next chunk's compute")
+    return "look at the timeline: each chunk's link span should lie under the next chunk's compute"
+
+
+def _check_overlap(exercise: str, tmp_root) -> None:
+    results = _results("overlap", exercise, OVERLAP_RANKS, tmp_root)
+    for rank, r in enumerate(results):
+        where = f"{exercise}_all_reduce on {_ranks(OVERLAP_RANKS)}, simulated {LINK} link"
+        what = (lambda k: _nth(k)) if exercise == "overlapped" else (lambda k: f"chunk {k}'s")
+        _check_waited(r["calls"], rank=rank, where=where, what=what)
+        if not r["numbers_ok"]:
+            raise AssertionError(f"rank {rank}: {where}: the result differs from the synchronous "
+                                 f"all-reduce; overlap counts only once the numbers are right")
+        spans = [s for s in r["spans"] if "all_reduce" in s["name"] or "allreduce" in s["name"]]
+        if exercise == "overlapped":
+            graded, label = spans[:1], "the all-reduce"
+        else:
+            graded, label = spans[:CHUNKS - 1], f"the all-reduces of chunks 0..{CHUNKS - 2}"
+        total = sum(s["dur_us"] for s in graded)
+        if not graded or total <= 0:
+            raise AssertionError(f"rank {rank}: {where}: no all-reduce on the link track of the "
+                                 f"trace; call dist.all_reduce(..., async_op=True)")
+        pct = 100.0 * sum(s["hidden_us"] for s in graded) / total
+        if pct < THRESHOLD_PCT:
+            if exercise == "overlapped":
+                why = _diagnose_overlapped(r)
+            else:
+                worst = min(range(len(graded)), key=lambda k: graded[k]["hidden_us"] / graded[k]["dur_us"])
+                why = _diagnose_pipelined(r, worst)
+            raise AssertionError(
+                f"rank {rank}: {where}: {pct:.0f}% of {label} ({total / 1e3:.1f} ms of modelled "
+                f"transfer) was hidden behind compute, read from the trace; at least "
+                f"{THRESHOLD_PCT:.0f}% is expected. {why}")
+
+
+@pytest.fixture(scope="module")
+def trace_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("async_overlap_traces")
+
+
+@pytest.mark.points(2)
+def test_overlapped_all_reduce_numbers():
+    _check_numbers("overlapped")
+
+
+@pytest.mark.points(3)
+def test_overlapped_all_reduce_hides_communication(trace_root):
+    _check_overlap("overlapped", trace_root)
+
+
+@pytest.mark.points(2)
+def test_pipelined_all_reduce_numbers():
+    _check_numbers("pipelined")
+
+
+@pytest.mark.points(3)
+def test_pipelined_all_reduce_hides_communication(trace_root):
+    _check_overlap("pipelined", trace_root)
