@@ -7,6 +7,7 @@
     workbook assign [--check]             make labs/ from solutions/ (or check they agree)
     workbook trace summary|report|merge   read, show and combine profiler traces
     workbook bench COLLECTIVE             nccl-tests-style bandwidth table
+    workbook bench domino                 Domino vs vanilla TP vs no communication
 """
 from __future__ import annotations
 
@@ -164,9 +165,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def domino_bench_parser() -> argparse.ArgumentParser:
+    """``workbook bench domino``: Domino vs vanilla TP vs the no-communication optimum."""
+    from workbook import bench_domino
+    parser = argparse.ArgumentParser(prog="workbook bench domino",
+                                     description=domino_bench_parser.__doc__)
+    bench_domino.add_arguments(parser)
+    parser.set_defaults(func=lambda a: bench_domino.run_bench(a) and 0, command="bench domino")
+    return parser
+
+
 def main(argv=None) -> int:
     from workbook.launch import RanksTimedOut
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["bench", "domino"]:
+        args = domino_bench_parser().parse_args(argv[2:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError, RanksTimedOut) as exc:
