@@ -36,6 +36,22 @@ import cloudpickle
 from workbook.ranks import choose_backend, init_rank, set_link, threads_per_rank
 
 DEFAULT_TIMEOUT = 120.0
+PRELOAD = ["torch", "torch.distributed", "cloudpickle", "workbook.link", "workbook.flight",
+           "workbook.ranks"]
+
+
+def _rank_start_context():
+    """How rank processes start: a fork server that imported torch once (Linux), else spawn.
+
+    Importing torch is most of a rank's start-up (seconds). The fork server pays it once and
+    forks every later rank from there: no threads have started in it, so forking is safe."""
+    import multiprocessing
+    if os.environ.get("WORKBOOK_START_METHOD") == "spawn" or \
+            "forkserver" not in multiprocessing.get_all_start_methods():
+        return get_context("spawn")
+    ctx = get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 ERROR_GRACE_S = 3.0            # after a first error, how long peers get to report theirs
 
 
@@ -96,7 +112,7 @@ def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_pat
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size))
     links: dict = {}
-    generation = 0
+    generation, exit_code = 0, 0
     try:
         init_rank(rank, world_size, rank, backend, store, generation, DEFAULT_TIMEOUT)
         conn.send(("ready", None))
@@ -127,9 +143,15 @@ def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_pat
                     pass
                 link.set_link(None)
                 conn.send_bytes(pickle.dumps(("err", task_id, report)))
+    except BaseException:                             # noqa: BLE001 - start-up failed: say why
+        traceback.print_exc()
+        exit_code = 1
     finally:
         flight.RECORDER.slot = None
         shm.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)  # skip C++ teardown of live gloo threads ("terminate called ...")
 
 
 # --------------------------------------------------------------------------- the pool
@@ -151,7 +173,7 @@ class RankPool:
                              f"master port or leave it unset to pick a free one ({exc})") from None
         self._shm = SharedMemory(create=True, size=world_size * flight.SLOT_BYTES)
         self._shm.buf[:] = b"\0" * len(self._shm.buf)
-        ctx = get_context("spawn")
+        ctx = _rank_start_context()
         self._conns, self._procs = [], []
         env = {k: v for k, v in os.environ.items() if k.startswith(("WORKBOOK_", "CUDA", "NCCL"))}
         for rank in range(world_size):

@@ -3,10 +3,14 @@
     python tests/bench/bench_launch.py [--checks 5] [--sizes 2 4]
 
 A "check" is what a grader test does: run a small function with a collective on every rank and
-get the results back. Spawning pays Python start-up and ``import torch`` on every rank for every
-check; the pool pays it once. Prints per-check medians and the ratio, measured in one run.
+get the results back. Three ways, measured in one run (medians):
+
+* spawn per check: fresh ranks each time, each importing torch (``WORKBOOK_START_METHOD=spawn``);
+* fork server per check: fresh ranks forked from a server that imported torch once;
+* pool: live ranks, started once, reused for every check.
 """
 import argparse
+import os
 import statistics
 import time
 
@@ -27,13 +31,19 @@ def main():
     parser.add_argument("--checks", type=int, default=5)
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()
-    print(f"{'ranks':>5}  {'spawn per check':>16}  {'pool start':>10}  {'pool per check':>15}  {'speed-up':>8}")
+    print(f"{'ranks':>5}  {'spawn per check':>16}  {'fork server per check':>22}  {'pool start':>10}  "
+          f"{'pool per check':>15}  {'pool vs spawn':>13}")
     for n in args.sizes:
-        spawn = []
+        spawn, forked = [], []
         for _ in range(args.checks):
+            os.environ["WORKBOOK_START_METHOD"] = "spawn"
             t0 = time.perf_counter()
             launch.run(small_check, n, backend="gloo")
             spawn.append(time.perf_counter() - t0)
+            del os.environ["WORKBOOK_START_METHOD"]
+            t0 = time.perf_counter()
+            launch.run(small_check, n, backend="gloo")
+            forked.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         pool = launch.RankPool(n, "gloo")
         start = time.perf_counter() - t0
@@ -43,8 +53,9 @@ def main():
             pool.run(small_check)
             warm.append(time.perf_counter() - t0)
         pool.close()
-        s, w = statistics.median(spawn), statistics.median(warm)
-        print(f"{n:>5}  {s * 1e3:>13.0f} ms  {start:>8.1f} s  {w * 1e3:>12.1f} ms  {s / w:>7.0f}x")
+        s, f, w = statistics.median(spawn), statistics.median(forked), statistics.median(warm)
+        print(f"{n:>5}  {s * 1e3:>13.0f} ms  {f * 1e3:>19.0f} ms  {start:>8.1f} s  {w * 1e3:>12.1f} ms  "
+              f"{s / w:>12.0f}x")
 
 
 if __name__ == "__main__":
