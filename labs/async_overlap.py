@@ -42,7 +42,7 @@ def overlapped_all_reduce(tensor: torch.Tensor, compute):
     ``compute`` is independent of ``tensor``: call it exactly once, after the all-reduce has
     started and before you wait for it. When this function returns, ``tensor`` must hold the sum
     (so the wait must have happened)."""
-    # TODO: work = dist.all_reduce(tensor, async_op=True); result = compute(); then work.wait()
+    # TODO: start the all-reduce (async_op=True), call compute(), then wait
     raise NotImplementedError("not implemented yet: async_overlap.overlapped_all_reduce")
     return result
 

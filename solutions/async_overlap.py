@@ -39,7 +39,7 @@ def overlapped_all_reduce(tensor: torch.Tensor, compute):
     ``compute`` is independent of ``tensor``: call it exactly once, after the all-reduce has
     started and before you wait for it. When this function returns, ``tensor`` must hold the sum
     (so the wait must have happened)."""
-    ### BEGIN SOLUTION hint: work = dist.all_reduce(tensor, async_op=True); result = compute(); then work.wait()
+    ### BEGIN SOLUTION hint: start the all-reduce (async_op=True), call compute(), then wait
     work = dist.all_reduce(tensor, async_op=True)
     result = compute()
     work.wait()

@@ -51,7 +51,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workbook.model import ModelConfig, dropout_mask, local_weight, ops
+from workbook.model import ModelConfig, dropout_mask, local_weight
+from workbook.model import ops as model_ops    # (not "ops": cloudpickle would mistake it for torch.ops)
 from workbook.model.reference import make_norm
 
 
@@ -86,15 +87,17 @@ def split_last_dim(x: torch.Tensor) -> torch.Tensor:
 def gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     """Every rank's ``x`` joined along the last dim, in rank order: ``[..., k] -> [..., n*k]``.
 
-    Use ``dist.all_gather_into_tensor`` into an ``[n, *x.shape]`` buffer (it stacks along a new
-    first dim), then put the rank dim next to the last one."""
+    Use ``dist.all_gather_into_tensor``: it concatenates the ranks' tensors along dim 0 (gloo
+    wants the output shaped ``[n * x.shape[0], ...]``), so view the result as ``[n, *x.shape]``
+    and move the rank dim next to the last one."""
     n = tp_world_size()
     if n == 1:
         return x
-    ### BEGIN SOLUTION hint: all_gather_into_tensor into torch.empty((n, *x.shape)), then movedim/reshape
+    ### BEGIN SOLUTION hint: gather into an [n*d0, d1, ...] buffer, view it [n, *x.shape], movedim
     x = x.contiguous()
-    stacked = torch.empty((n, *x.shape), dtype=x.dtype, device=x.device)     # [n, ..., k]
-    dist.all_gather_into_tensor(stacked, x)
+    joined = torch.empty((n * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(joined, x)                                   # rank r at rows r*d0:
+    stacked = joined.view(n, *x.shape)                                       # [n, ..., k]
     return stacked.movedim(0, -2).reshape(*x.shape[:-1], n * x.shape[-1])   # [..., n*k]
     ### END SOLUTION
 
@@ -228,7 +231,7 @@ class ColumnParallelLinear(nn.Module):
         ### BEGIN SOLUTION hint: f (if copy_input), the local linear, gather (if gather_output)
         if self.copy_input:
             x = copy_to_tensor_parallel_region(x)
-        y = ops.linear(x, self.weight, self.bias)                  # [..., out/n]
+        y = model_ops.linear(x, self.weight, self.bias)                  # [..., out/n]
         return gather_from_tensor_parallel_region(y) if self.gather_output else y
         ### END SOLUTION
 
@@ -259,7 +262,7 @@ class RowParallelLinear(nn.Module):
         ### BEGIN SOLUTION hint: scatter (unless input_is_parallel), local matmul, g, then the bias
         if not self.input_is_parallel:
             x = scatter_to_tensor_parallel_region(x)
-        y = reduce_from_tensor_parallel_region(ops.linear(x, self.weight))    # [..., out]
+        y = reduce_from_tensor_parallel_region(model_ops.linear(x, self.weight))    # [..., out]
         return y + self.bias if self.bias is not None else y
         ### END SOLUTION
 
@@ -290,14 +293,14 @@ class TPMLP(nn.Module):
         ### BEGIN SOLUTION
         x = copy_to_tensor_parallel_region(x)                         # f: [B, S, H] replicated
         if self.cfg.style == "gpt":
-            return self.fc2(ops.gelu(self.fc1(x)))                    # [B,S,F/n] -> g -> [B,S,H]
-        return self.w_down(ops.silu(self.w_gate(x)) * self.w_up(x))
+            return self.fc2(model_ops.gelu(self.fc1(x)))                    # [B,S,F/n] -> g -> [B,S,H]
+        return self.w_down(model_ops.silu(self.w_gate(x)) * self.w_up(x))
         ### END SOLUTION
 
 
 class TPAttention(nn.Module):
     """Causal self-attention of ``blocks.{layer}`` with heads/n heads per rank: wq, wk, wv
-    column-parallel (one f for the three), attention on the local heads (``ops.causal_attention``,
+    column-parallel (one f for the three), attention on the local heads (``model_ops.causal_attention``,
     with RoPE for llama), wo row-parallel."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None):
@@ -306,7 +309,7 @@ class TPAttention(nn.Module):
         self.cfg, self.name = cfg, f"blocks.{layer}.attn"
         H = cfg.hidden
         self.local_heads = cfg.heads // tp_world_size()
-        ### BEGIN SOLUTION hint: wq, wk, wv (ColumnParallelLinear, copy_input=False) and wo (RowParallelLinear)
+        ### BEGIN SOLUTION hint: wq, wk, wv (ColumnParallelLinear, copy_input=False), wo (row)
         for w in ("wq", "wk", "wv"):
             setattr(self, w, ColumnParallelLinear(cfg, f"{self.name}.{w}", H, H, copy_input=False,
                                                   device=device))
@@ -318,10 +321,10 @@ class TPAttention(nn.Module):
         rope = None
         if cfg.style == "llama":
             positions = torch.arange(x.shape[1], device=x.device)
-            rope = ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, x.dtype)
-        ### BEGIN SOLUTION hint: f once, q k v on the local heads, ops.causal_attention, wo
+            rope = model_ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, x.dtype)
+        ### BEGIN SOLUTION hint: f once, q k v on the local heads, model_ops.causal_attention, wo
         x = copy_to_tensor_parallel_region(x)
-        ctx = ops.causal_attention(self.wq(x), self.wk(x), self.wv(x), self.local_heads, rope)
+        ctx = model_ops.causal_attention(self.wq(x), self.wk(x), self.wv(x), self.local_heads, rope)
         return self.wo(ctx)                                           # [B,S,H/n] -> g -> [B,S,H]
         ### END SOLUTION
 
@@ -384,15 +387,15 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         start, stop = vocab_range(self.cfg.vocab_size)
-        ### BEGIN SOLUTION hint: local ids = tokens - start; mask those outside [start, stop); g
+        ### BEGIN SOLUTION hint: local ids = tokens - start, zeros outside [start, stop), g, then + positions (gpt)
         mine = (tokens >= start) & (tokens < stop)                            # [B, S]
         local_ids = (tokens - start).clamp(0, stop - start - 1)
         h = self.tok.weight[local_ids] * mine.unsqueeze(-1).to(self.tok.weight.dtype)
         h = reduce_from_tensor_parallel_region(h)                             # [B, S, H]
-        ### END SOLUTION
         if self.cfg.style == "gpt":
             h = h + self.pos.weight[: tokens.shape[1]]
         return h
+        ### END SOLUTION
 
 
 def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tensor,
@@ -476,6 +479,9 @@ def self_check(trace_dir=None) -> dict:
         g = torch.Generator().manual_seed(0)
         x = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev).requires_grad_()
         dy = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev)
+        block(x, step=1).backward(dy)                            # warm-up (first backward is slow)
+        block.zero_grad(set_to_none=True)
+        x.grad = None
         tracing = nullcontext()
         if trace_dir is not None:
             from workbook.trace.capture import rank_trace
@@ -525,11 +531,15 @@ def self_check(trace_dir=None) -> dict:
         from pathlib import Path
 
         from workbook import trace
+        from workbook.trace import intervals
+        from workbook.trace.analyse import all_compute, phase_ranges
         t = trace.load_trace(Path(trace_dir) / f"rank{rank}.trace.json")
         for phase in ("forward", "backward"):
             m = trace.overlap(t, within=phase)
+            window, _ = phase_ranges(t, phase)                  # compute inside this phase only
+            busy = intervals.measure(intervals.intersect(all_compute(t), window))
             out["block"][phase].update(trace_calls=trace.collectives(t, within=phase),
-                                       comm_ms=m.comm_us / 1e3, compute_ms=m.compute_us / 1e3)
+                                       comm_ms=m.comm_us / 1e3, compute_ms=busy / 1e3)
     return out
 
 

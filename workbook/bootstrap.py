@@ -7,7 +7,7 @@ Standard library only, because it runs before anything is installed. Each comman
    multi-GB CUDA build on a CPU machine), the default CUDA build where one is;
 3. installs this package with its extras (``pip install -e ".[dev,notebooks]"``) when
    ``pyproject.toml`` changed since the last install;
-4. ``test`` only: installs Debian's Chromium for the browser tests when it is missing and this
+4. ``test`` only: installs Debian's Chromium and its driver for the browser tests when it is missing and this
    user may use apt-get (the tests that need it skip where it cannot be had);
 5. runs the demo, or the whole test sequence (what ``.ci/run`` runs).
 """
@@ -77,7 +77,7 @@ def ensure_package() -> None:
 
 
 def ensure_chromium() -> None:
-    if shutil.which("chromium") or shutil.which("chromium-browser"):
+    if (shutil.which("chromium") or shutil.which("chromium-browser")) and shutil.which("chromedriver"):
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         say("no Chromium: the browser tests will be skipped (install Debian's chromium to run them)")
@@ -85,7 +85,8 @@ def ensure_chromium() -> None:
     say("installing Chromium for the browser tests (apt-get)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     if sh("apt-get", "update", "-qq", check=False, quiet=True, env=env) or \
-            sh("apt-get", "install", "-y", "-qq", "chromium", check=False, quiet=True, env=env):
+            sh("apt-get", "install", "-y", "-qq", "chromium", "chromium-driver", check=False,
+               quiet=True, env=env):
         say("could not install Chromium: the browser tests will be skipped")
 
 

@@ -232,14 +232,16 @@ class LinkWork(dist._Work):
         self._inner, self._record, self._result = inner, record, result
 
     def wait(self, timeout=None):
-        self._inner.wait()
         if self._record is None:
-            return True
-        if not self._record.arrival_ns:
-            self._record.arrival_ns = time.perf_counter_ns()
-        delay = (self._record.end_ns - time.perf_counter_ns()) / 1e9
-        if delay > 0:
-            with torch.profiler.record_function(f"link_wait:{self._record.op}"):
+            return self._inner.wait()
+        # the whole wait is blocked time on the compute thread: a late peer (the real gloo op)
+        # and the modelled transfer alike, so the trace never counts it as compute
+        with torch.profiler.record_function(f"link_wait:{self._record.op}"):
+            self._inner.wait()
+            if not self._record.arrival_ns:
+                self._record.arrival_ns = time.perf_counter_ns()
+            delay = (self._record.end_ns - time.perf_counter_ns()) / 1e9
+            if delay > 0:
                 time.sleep(delay)
         return True
 

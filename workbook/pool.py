@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import signal
 import sys
 import time
 import traceback
@@ -98,6 +99,7 @@ def _die_with_parent() -> None:
 def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_path, env):
     """The loop of a spawned rank: initialise once, then run tasks until told to stop."""
     _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the launcher's to handle
     os.environ.update(env)
     sys.path[:] = parent_path
     import torch

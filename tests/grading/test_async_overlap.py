@@ -11,7 +11,6 @@ and the spy's log says which work was never waited on and when each wait started
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -85,32 +84,24 @@ class _Spy:
 
 
 class _Compute:
-    """Independent compute for the lab to overlap: ``steps`` products of 384x384 matrices.
+    """Independent compute for the lab to overlap: products of 384x384 matrices, for at least
+    ``seconds`` of wall-clock time (at least one), so that a loaded machine cannot shorten it.
     Logs when each call starts and ends; returns a fresh tensor (the lab must hand it back)."""
 
-    def __init__(self, steps: int, seed: int):
+    def __init__(self, seconds: float, seed: int):
         g = torch.Generator().manual_seed(seed)
         self.a = torch.randn(384, 384, generator=g) / 384 ** 0.5
-        self.steps, self.calls = steps, []
+        self.seconds, self.calls, self.last = seconds, [], None
 
     def __call__(self):
         start = time.perf_counter_ns()
-        b = self.a
-        for _ in range(self.steps):
+        deadline = start + int(self.seconds * 1e9)
+        b = torch.tanh(self.a @ self.a)
+        while time.perf_counter_ns() < deadline:
             b = torch.tanh(self.a @ b)
         self.calls.append((start, time.perf_counter_ns()))
         self.last = b
         return b
-
-
-def _steps_for(seconds: float) -> int:
-    """How many 384x384 products take ``seconds`` on this rank (measured now)."""
-    probe = _Compute(3, 0)
-    probe()
-    t0 = time.perf_counter()
-    probe()
-    per_step = (time.perf_counter() - t0) / 3
-    return max(1, math.ceil(seconds / per_step))
 
 
 def _sample(shape, dtype, seed):
@@ -144,7 +135,7 @@ def _numerics(exercise: str) -> list[dict]:
     import torch.distributed as dist
     from workbook.grading.labs import load_lab
     lab = load_lab("async_overlap")
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     out = []
     for dtype in (torch.float32, torch.float64, torch.int64):
         tag = str(dtype).replace("torch.", "")
@@ -153,7 +144,7 @@ def _numerics(exercise: str) -> list[dict]:
                 x = _sample(shape, dtype, 100 * rank + sum(shape))
                 expected = x.clone()
                 dist.all_reduce(expected)
-                compute = _Compute(1, rank)
+                compute = _Compute(0.0, rank)
                 got = x.clone()
                 with _Spy() as spy:
                     returned = lab.overlapped_all_reduce(got, compute)
@@ -181,7 +172,7 @@ def _numerics(exercise: str) -> list[dict]:
                 with _Spy() as spy:
                     got = lab.pipelined_all_reduce([c.clone() for c in chunks], layer)
                 in_order = len(seen) == count and all(torch.equal(a, b) for a, b in zip(seen, chunks))
-                out.append({"label": f"pipelined_all_reduce({count} chunks of {tag}[3, 7], layer)",
+                out.append({"label": f"pipelined_all_reduce({count} chunk{'s' * (count > 1)} of {tag}[3, 7], layer)",
                             "got": list(got) if isinstance(got, (list, tuple)) else got,
                             "expected": expected, "calls": spy.log(), "layer_calls": len(seen),
                             "layer_in_order": in_order})
@@ -200,7 +191,7 @@ def _overlap(exercise: str, trace_dir: str) -> dict:
     if exercise == "overlapped":
         x = _sample((1 << 16,), torch.float32, rank)
         comm_s = sim.op_time("all_reduce", x.numel() * 4, n)
-        compute = _Compute(_steps_for(MARGIN * comm_s), rank)
+        compute = _Compute(MARGIN * comm_s, rank)
         expected = x.clone()
         dist.all_reduce(expected)
         dist.barrier()                               # outside the trace: a barrier is link time
@@ -212,7 +203,7 @@ def _overlap(exercise: str, trace_dir: str) -> dict:
         chunks = [_sample((16, 64), torch.float32, 10 * rank + k) for k in range(CHUNKS)]
         w = _sample((64, 1024), torch.float32, 3 + rank)
         comm_s = sim.op_time("all_reduce", 16 * 1024 * 4, n)
-        compute = _Compute(_steps_for(MARGIN * comm_s), rank)
+        compute = _Compute(MARGIN * comm_s, rank)
         expected = []
         for c in chunks:
             y = c @ w
@@ -269,7 +260,7 @@ def _check_waited(calls: list[dict], *, rank: int, where: str, what: str) -> Non
     for k, c in enumerate(asyncs):
         if not c.get("waited"):
             raise AssertionError(
-                f"rank {rank}: {where}: the {what(k)} all-reduce (tensor {list(c['shape'])}) was "
+                f"rank {rank}: {where}: {what(k)} (tensor {list(c['shape'])}) was "
                 f"started with async_op=True but its work was never waited on. Until work.wait() "
                 f"returns, the tensor need not hold the sum (on a GPU it often does not): keep the "
                 f"handle and wait on it before the result is used or returned")
@@ -288,7 +279,8 @@ def _check_numbers(exercise: str) -> None:
                     if case["compute_calls"] != 1:
                         raise AssertionError(f"rank {rank}: {where} called compute() "
                                              f"{case['compute_calls']} time(s); call it exactly once")
-                    _check_waited(case["calls"], rank=rank, where=where, what=lambda k: _nth(k))
+                    _check_waited(case["calls"], rank=rank, where=where,
+                                  what=lambda k: f"the {_nth(k)} all-reduce")
                 else:
                     count = len(case["expected"])
                     if case["layer_calls"] != count or not case["layer_in_order"]:
@@ -296,7 +288,7 @@ def _check_numbers(exercise: str) -> None:
                                              f"{case['layer_calls']} time(s); call it once per "
                                              f"chunk, in order ({count} calls)")
                     _check_waited(case["calls"], rank=rank, where=where,
-                                  what=lambda k: f"chunk {k}'s")
+                                  what=lambda k: f"chunk {k}'s all-reduce")
                     if not isinstance(case["got"], list) or len(case["got"]) != count:
                         got = case["got"]
                         raise AssertionError(f"rank {rank}: {where} returned "
@@ -344,7 +336,8 @@ def _check_overlap(exercise: str, tmp_root) -> None:
     results = _results("overlap", exercise, OVERLAP_RANKS, tmp_root)
     for rank, r in enumerate(results):
         where = f"{exercise}_all_reduce on {_ranks(OVERLAP_RANKS)}, simulated {LINK} link"
-        what = (lambda k: _nth(k)) if exercise == "overlapped" else (lambda k: f"chunk {k}'s")
+        what = (lambda k: f"the {_nth(k)} all-reduce") if exercise == "overlapped" else \
+            (lambda k: f"chunk {k}'s all-reduce")
         _check_waited(r["calls"], rank=rank, where=where, what=what)
         if not r["numbers_ok"]:
             raise AssertionError(f"rank {rank}: {where}: the result differs from the synchronous "

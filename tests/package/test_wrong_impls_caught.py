@@ -35,6 +35,20 @@ CASES = {
         "test_tree_broadcast_pattern": ["rank ", "(the root)", "tree_broadcast(", "3 rounds",
                                         "ceil(log2 4) = 2"],
     }),
+    "async_overlap_wait_immediately": ("test_async_overlap.py", {
+        "test_overlapped_all_reduce_hides_communication": ["rank ", "hidden behind compute"],
+        "test_pipelined_all_reduce_hides_communication": ["rank ", "hidden behind compute"],
+    }),
+    "async_overlap_never_wait": ("test_async_overlap.py", {
+        "test_overlapped_all_reduce_numbers": ["rank ", "never waited on"],
+        "test_overlapped_all_reduce_hides_communication": ["rank ", "never waited on"],
+        "test_pipelined_all_reduce_numbers": ["rank ", "never waited on"],
+        "test_pipelined_all_reduce_hides_communication": ["rank ", "never waited on"],
+    }),
+    "async_overlap_wrong_handle": ("test_async_overlap.py", {
+        "test_pipelined_all_reduce_numbers": ["rank ", "chunk 0's all-reduce", "never waited on"],
+        "test_pipelined_all_reduce_hides_communication": ["rank ", "never waited on"],
+    }),
 }
 
 

@@ -1,0 +1,210 @@
+# %% [markdown]
+# # Lesson 1 — The collective operations
+#
+# A *collective* is one operation that every rank of a process group calls together. The ranks
+# each bring a buffer; the collective decides what each rank holds afterwards. Eight of them
+# carry nearly all the traffic of distributed training:
+#
+# | collective | afterwards | typical use |
+# |---|---|---|
+# | **broadcast** | everyone holds the root's buffer | initial weights from rank 0 |
+# | **reduce** | the root holds the elementwise sum (or max, min…) | a loss summed on one rank |
+# | **all-reduce** | everyone holds the sum | data-parallel gradients; tensor-parallel outputs |
+# | **gather** | the root holds every rank's buffer, side by side | collecting metrics |
+# | **all-gather** | everyone holds every rank's buffer | ZeRO-3 weights; sequence-parallel activations |
+# | **scatter** | rank *r* holds the root's *r*-th chunk | distributing a batch |
+# | **reduce-scatter** | rank *r* holds the *r*-th chunk of the sum | ZeRO gradients; sequence parallelism |
+# | **barrier** | nothing moves; no rank leaves before all arrived | synchronising for timing |
+#
+# Two identities are worth remembering: **all-reduce = reduce-scatter + all-gather** (lesson 2
+# builds it that way), and the *reduce* kinds combine values while the *gather* kinds only move
+# them.
+#
+# Below, every rank starts with its own numbers (rank *r* holds `10·r + i`), runs one collective
+# on real `torch.distributed` ranks, and reports what it holds before and after.
+
+# %%
+import ipywidgets as W
+import plotly.graph_objects as go
+from IPython.display import display
+
+from workbook import colors, link
+from workbook.lessons import buffers_figure, check_your_work, on_ranks
+
+N = 4          # ranks used by the cells below
+
+
+# %%
+def run_collective(name: str, size: int, root: int) -> dict:
+    """On every rank: fill a buffer, run collective ``name``, report before/after."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    rank, n = dist.get_rank(), dist.get_world_size()
+    mine = torch.arange(size, dtype=torch.float32) + 10 * rank
+    if name in ("scatter", "reduce_scatter"):            # these start from n chunks
+        mine = torch.arange(n * size, dtype=torch.float32) + 100 * rank
+    before = mine.tolist()
+    if name == "broadcast":
+        dist.broadcast(mine, src=root)
+        after = mine.tolist()
+    elif name == "reduce":
+        dist.reduce(mine, dst=root)
+        after = mine.tolist() if rank == root else None   # elsewhere: unspecified, don't read
+    elif name == "all_reduce":
+        dist.all_reduce(mine)
+        after = mine.tolist()
+    elif name == "gather":
+        parts = [torch.empty(size) for _ in range(n)] if rank == root else None
+        dist.gather(mine, parts, dst=root)
+        after = torch.cat(parts).tolist() if rank == root else None
+    elif name == "all_gather":
+        out = torch.empty(n * size)
+        dist.all_gather_into_tensor(out, mine)
+        after = out.tolist()
+    elif name == "scatter":
+        out = torch.empty(size)
+        dist.scatter(out, list(mine.chunk(n)) if rank == root else None, src=root)
+        before = before if rank == root else None          # only the root's buffer is read
+        after = out.tolist()
+    elif name == "reduce_scatter":
+        out = torch.empty(size)
+        dist.reduce_scatter_tensor(out, mine)
+        after = out.tolist()
+    elif name == "barrier":
+        time.sleep(0.05 * rank)                              # ranks arrive one after another
+        entered = time.time()
+        dist.barrier()
+        return {"entered": entered, "left": time.time()}
+    else:
+        raise ValueError(name)
+    return {"before": before, "after": after}
+
+
+def show(name: str, n: int = N, size: int = 3, root: int = 0):
+    rows = on_ranks(run_collective, n, name, size, root)
+    where = "" if name in ("all_reduce", "all_gather", "reduce_scatter") else f", root {root}"
+    return buffers_figure([r["before"] for r in rows], [r["after"] for r in rows],
+                          title=f"{name} on {n} ranks{where}")
+
+
+# %% [markdown]
+# ## Broadcast and reduce
+#
+# Broadcast copies the root's buffer to everyone. Reduce is its mirror: values flow *to* the
+# root and are combined on the way; the other ranks' buffers are left in an unspecified state.
+
+# %%
+show("broadcast", root=1)
+
+# %%
+show("reduce", root=0)
+
+# %% [markdown]
+# ## All-reduce: every rank gets the sum
+#
+# This is the collective of data parallelism (sum the gradients of all replicas) and of
+# Megatron tensor parallelism (sum the partial outputs of a row-parallel layer).
+
+# %%
+show("all_reduce")
+
+# %% [markdown]
+# ## Gather and all-gather; scatter and reduce-scatter
+#
+# The gather kinds concatenate in rank order. Scatter cuts the root's buffer into `n` chunks
+# and hands chunk *r* to rank *r*; reduce-scatter does the same with the *sum* of every rank's
+# buffer: each rank ends with one reduced chunk. Note the sizes: after an all-gather a rank holds
+# `n` times what it brought; after a reduce-scatter, `1/n`.
+
+# %%
+show("all_gather")
+
+# %%
+show("scatter", root=2)
+
+# %%
+show("reduce_scatter")
+
+# %% [markdown]
+# ## Barrier
+#
+# Nothing is exchanged: the barrier only ends when the last rank has arrived. Here rank *r*
+# arrives `50·r` ms late; all leave together.
+
+# %%
+marks = on_ranks(run_collective, N, "barrier", 0, 0)
+t0 = min(m["entered"] for m in marks)
+fig = go.Figure()
+for r, m in enumerate(marks):
+    fig.add_trace(go.Bar(orientation="h", y=[f"rank {r}"], base=[(m["entered"] - t0) * 1e3],
+                         x=[(m["left"] - m["entered"]) * 1e3], marker_color=colors.WAIT,
+                         name="waiting in barrier", showlegend=r == 0))
+fig.update_layout(title="barrier: each rank waits for the last one", xaxis_title="ms",
+                  height=260, yaxis=dict(autorange="reversed"))
+fig
+
+# %% [markdown]
+# ## Play
+#
+# Choose a collective, the number of ranks, the buffer size and the root. Each change runs the
+# collective again on real ranks (a new number of ranks first starts its processes).
+
+# %%
+pick = W.Dropdown(options=["broadcast", "reduce", "all_reduce", "gather", "all_gather",
+                           "scatter", "reduce_scatter"], value="all_reduce", description="collective")
+ranks = W.IntSlider(value=N, min=1, max=4, description="ranks")
+size = W.IntSlider(value=3, min=1, max=6, description="elements")
+root = W.IntSlider(value=0, min=0, max=N - 1, description="root")
+panel = W.Output()
+
+
+def redraw(change=None):
+    root.max = ranks.value - 1
+    fig = show(pick.value, ranks.value, size.value, min(root.value, ranks.value - 1))
+    panel.clear_output(wait=True)
+    with panel:
+        display(fig)
+
+
+for w in (pick, ranks, size, root):
+    w.observe(redraw, names="value")
+redraw()
+display(W.VBox([W.HBox([pick, ranks]), W.HBox([size, root]), panel]))
+
+# %% [markdown]
+# ## What each one costs
+#
+# A collective's time on a real link follows `latency + bytes × bus factor / bandwidth`, with
+# the bus factors nccl-tests uses: `2(n-1)/n` for all-reduce (it is a reduce-scatter plus an
+# all-gather), `(n-1)/n` for all-gather and reduce-scatter (counted on the full buffer), `1` for
+# broadcast and reduce. The all-reduce moves about twice what an all-gather does. Below, the
+# modelled times of a 64 MiB buffer on a DGX-H100's NVLink (900 GB/s, about 2 µs latency;
+# these are the hardware's numbers, not the CPU-calibrated simulation of lesson 3).
+
+# %%
+p = link.PRESETS["dgx-h100"]
+size_bytes = 64 << 20
+names = ["broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter"]
+fig = go.Figure()
+for n in (2, 4, 8):
+    times = [(p.latency_us * 1e-6 + size_bytes * link.bus_factor(c, n) / (p.bandwidth_GBps * 1e9))
+             * 1e6 for c in names]
+    fig.add_trace(go.Bar(x=names, y=times, name=f"{n} ranks"))
+fig.update_layout(title="modelled time of a 64 MiB collective, DGX-H100 NVLink", yaxis_title="µs",
+                  barmode="group", height=360)
+fig
+
+# %% [markdown]
+# ## Exercise: build them from point-to-point messages
+#
+# Open `labs/collectives.py`. Every collective above can be built from `dist.send`/`dist.recv`
+# (or `isend`/`irecv`): a naive broadcast where the root sends `n-1` times, a binomial tree
+# that needs only `⌈log2 n⌉` rounds, reduce, all-reduce, gather, all-gather, scatter,
+# reduce-scatter and a barrier. Replace each `raise NotImplementedError`, then try it with
+# `workbook run collectives --nproc 4` and grade it with `workbook grade --lab collectives`
+# (or the cell below).
+
+# %%
+check_your_work("collectives")

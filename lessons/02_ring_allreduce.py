@@ -1,0 +1,184 @@
+# %% [markdown]
+# # Lesson 2 — The ring all-reduce
+#
+# How does an all-reduce of a 1 GB gradient finish quickly on 8 GPUs? Not by sending everything
+# to one rank: that rank's link would carry `(n-1)` GB in and out. The **ring** algorithm keeps
+# every link equally busy. The ranks stand in a circle, each talks only to its right-hand
+# neighbour, and the buffer is cut into `n` chunks:
+#
+# 1. **reduce-scatter** phase, `n-1` steps: in each step every rank sends one chunk to the right
+#    and adds the chunk arriving from the left into its own copy. After `n-1` steps, rank *r*
+#    holds the complete sum of chunk `(r+1) mod n`;
+# 2. **all-gather** phase, `n-1` more steps: the finished chunks travel around the ring once
+#    more, this time copied, not added.
+#
+# Each rank sends `2(n-1)` messages of `S/n` bytes: `2(n-1)/n · S` in total, *whatever* `n` is.
+# That number is the bus factor of lesson 1.
+
+# %%
+import math
+
+import ipywidgets as W
+import plotly.graph_objects as go
+from IPython.display import display
+
+from workbook import colors
+from workbook.lessons import check_your_work
+
+
+# %% [markdown]
+# ## Step through the ring
+#
+# Each cell below is one chunk on one rank; its label lists the ranks whose contributions it
+# already contains. The arrows mark what is sent during the chosen step. Drag the slider.
+
+# %%
+def ring_states(n: int) -> list[dict]:
+    """The state before each step (and after the last): contents[r][c] = ranks summed in."""
+    contents = [[{r} for _ in range(n)] for r in range(n)]
+    states = []
+    for step in range(2 * (n - 1)):
+        reduce_phase = step < n - 1
+        s = step if reduce_phase else step - (n - 1)
+        sends = [(r, (r - s) % n if reduce_phase else (r + 1 - s) % n) for r in range(n)]
+        states.append({"contents": [[set(c) for c in row] for row in contents], "sends": sends,
+                       "phase": "reduce-scatter" if reduce_phase else "all-gather", "step": step})
+        new = [[set(c) for c in row] for row in contents]
+        for r, c in sends:
+            right = (r + 1) % n
+            new[right][c] = contents[right][c] | contents[r][c] if reduce_phase else set(contents[r][c])
+        contents = new
+    states.append({"contents": contents, "sends": [], "phase": "done", "step": 2 * (n - 1)})
+    return states
+
+
+def ring_figure(n: int, step: int):
+    st = ring_states(n)[step]
+    z = [[len(c) for c in row] for row in st["contents"]]
+    text = [["+".join(map(str, sorted(c))) for c in row] for row in st["contents"]]
+    fig = go.Figure(go.Heatmap(z=z, text=text, texttemplate="%{text}", zmin=1, zmax=n,
+                               colorscale=[[0, "#f2f2f2"], [1, colors.COMPUTE]], showscale=False,
+                               xgap=3, ygap=3, hovertemplate="rank %{y}, chunk %{x}<extra></extra>"))
+    for r, c in st["sends"]:
+        right = (r + 1) % n
+        fig.add_annotation(x=c, y=right, ax=c, ay=r, xref="x", yref="y", axref="x", ayref="y",
+                           showarrow=True, arrowhead=3, arrowwidth=2, arrowcolor=colors.COMMUNICATION,
+                           standoff=8, startstandoff=8)
+    what = {"reduce-scatter": "send one chunk right, add the incoming one",
+            "all-gather": "send a finished chunk right, copy the incoming one",
+            "done": "every rank holds every chunk, fully summed"}[st["phase"]]
+    title = (f"{n} ranks, step {st['step']} of {2 * (n - 1)} ({st['phase']}): {what}"
+             if st["phase"] != "done" else f"{n} ranks, after {2 * (n - 1)} steps: {what}")
+    fig.update_layout(title=title, height=120 + 55 * n, xaxis=dict(title="chunk", dtick=1),
+                      yaxis=dict(tickvals=list(range(n)), ticktext=[f"rank {r}" for r in range(n)],
+                                 autorange="reversed"), margin=dict(l=10, r=10, t=60, b=40))
+    return fig
+
+
+ranks = W.IntSlider(value=4, min=2, max=8, description="ranks")
+step = W.IntSlider(value=0, min=0, max=2 * (ranks.value - 1), description="step")
+ring_out = W.Output()
+
+
+def redraw(change=None):
+    step.max = 2 * (ranks.value - 1)
+    ring_out.clear_output(wait=True)
+    with ring_out:
+        display(ring_figure(ranks.value, min(step.value, step.max)))
+
+
+for w in (ranks, step):
+    w.observe(redraw, names="value")
+redraw()
+display(W.VBox([W.HBox([ranks, step]), ring_out]))
+
+# %% [markdown]
+# ## The alpha–beta model
+#
+# A message of `m` bytes costs `α + m/β`: a fixed latency `α` (software, synchronisation, the
+# first byte's trip) plus the bytes at bandwidth `β`. For the ring with `n` ranks and `S` bytes:
+#
+# $$T_\text{ring} = 2(n-1)\,\alpha + 2\,\frac{n-1}{n}\,\frac{S}{\beta}$$
+#
+# The bandwidth term is almost independent of `n`; the latency term grows with `n`. A binomial
+# tree (reduce to rank 0, then broadcast, each in `⌈log2 n⌉` rounds of the whole buffer) has few
+# latencies but sends everything every round:
+#
+# $$T_\text{tree} = 2\lceil\log_2 n\rceil\,(\alpha + S/\beta)$$
+#
+# So small messages prefer trees (NCCL switches algorithms by size) and large ones the ring. The
+# sliders start at NVLink-like values.
+
+# %%
+def ring_time(S, n, alpha, beta):
+    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * S / beta
+
+
+def tree_time(S, n, alpha, beta):
+    return 2 * math.ceil(math.log2(n)) * (alpha + S / beta) if n > 1 else 0.0
+
+
+sizes = [2 ** k for k in range(10, 31)]
+n_pick = W.IntSlider(value=8, min=2, max=64, description="ranks")
+alpha_us = W.FloatLogSlider(value=5, base=10, min=-1, max=2, description="α (µs)")
+beta_gbs = W.FloatLogSlider(value=400, base=10, min=0, max=3, description="β (GB/s)")
+model_out = W.Output()
+
+
+def model(change=None):
+    a, b, n = alpha_us.value * 1e-6, beta_gbs.value * 1e9, n_pick.value
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=sizes, y=[ring_time(S, n, a, b) * 1e6 for S in sizes], name="ring"))
+    fig.add_trace(go.Scatter(x=sizes, y=[tree_time(S, n, a, b) * 1e6 for S in sizes], name="tree"))
+    fig.update_layout(title=f"all-reduce time, {n} ranks", xaxis=dict(type="log", title="bytes"),
+                      yaxis=dict(type="log", title="µs"), height=380)
+    model_out.clear_output(wait=True)
+    with model_out:
+        display(fig)
+
+
+for w in (n_pick, alpha_us, beta_gbs):
+    w.observe(model, names="value")
+model()
+display(W.VBox([W.HBox([n_pick, alpha_us, beta_gbs]), model_out]))
+
+# %% [markdown]
+# ## Measured: algorithm and bus bandwidth
+#
+# nccl-tests reports two rates: **algbw** = `S / time`, and **busbw** = algbw × bus factor
+# (`2(n-1)/n` for all-reduce), the rate the busiest link really ran at. busbw is the number to
+# compare with the hardware's link bandwidth, and it should not depend on `n`.
+#
+# `workbook.bench` measures it the same way. Here: the built-in all-reduce on 2 CPU ranks over
+# the *simulated* DGX-H100 link (lesson 3 explains the simulation; the numbers are those of the
+# CPU-calibrated model, not of a GPU). Small buffers are latency-bound; large ones approach the
+# link's bandwidth.
+
+# %%
+from workbook.bench import run_bench
+
+doc = run_bench("all_reduce", 2, link="dgx-h100", sizes=[1 << k for k in (12, 15, 18, 20, 22)],
+                iters=2, warmup=1, progress=False)
+rows = doc["rows"]
+fig = go.Figure()
+fig.add_trace(go.Scatter(x=[r["size_bytes"] for r in rows], y=[r["busbw_gbps"] * 1e3 for r in rows],
+                         mode="lines+markers", name="busbw", line=dict(color=colors.COMMUNICATION)))
+fig.add_trace(go.Scatter(x=[r["size_bytes"] for r in rows], y=[r["algbw_gbps"] * 1e3 for r in rows],
+                         mode="lines+markers", name="algbw", line=dict(color=colors.LINK, dash="dot")))
+fig.update_layout(title=f"all_reduce on 2 CPU ranks, {doc['link']} (SIMULATED)",
+                  xaxis=dict(type="log", title="bytes"), yaxis_title="MB/s", height=360)
+fig
+
+# %% [markdown]
+# For your own ring (once the lab below is done), the same measurement from a terminal:
+# `workbook bench all_reduce --nproc 4 --impl labs --link dgx-h100`.
+#
+# ## Exercise: build the ring
+#
+# Open `labs/ring_allreduce.py`: the reduce-scatter phase, the all-gather phase, then the whole
+# ring, for any number of ranks and sizes that `n` does not divide, with `isend`/`irecv` only
+# (the grader reads your calls and fails a ring built on the built-in all-reduce). Then the cost
+# model. Grade it with `workbook grade --lab ring_allreduce`, or:
+
+# %%
+check_your_work("ring_allreduce")

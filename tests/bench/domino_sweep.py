@@ -1,0 +1,95 @@
+"""Where does Domino's overlap break down? Sweep the link and the number of chunks.
+
+For each link preset (fast to slow: dgx-h100 NVLink, dgx-h100-ib InfiniBand, pcie-h100) and each
+p, run ``workbook.bench_domino`` (vanilla TP, Domino, no-comm optimum) and plot, against the
+communication fraction, Domino's forward and backward overlap and its step time relative to the
+no-communication optimum. Writes a standalone plotly HTML figure and the raw numbers as JSON.
+
+    python tests/bench/domino_sweep.py --out runs/domino_sweep.html            # full sweep
+    python tests/bench/domino_sweep.py --links dgx-h100 --ps 4 --steps 1       # a quick look
+
+Simulated-link figures: a CPU in slow motion, calibrated to each preset's compute/link ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from workbook import bench_domino
+
+LINKS = ("dgx-h100", "dgx-h100-ib", "pcie-h100")
+
+
+def sweep(links, ps, steps: int, base: dict) -> list[dict]:
+    rows = []
+    for link in links:
+        for p in ps:
+            args = SimpleNamespace(**{**bench_domino.DEFAULTS, **base}, nproc=2, link=link,
+                                   impl="solutions", style="gpt", lookahead=1, steps=steps,
+                                   warmup=1, variants="vanilla_tp,domino,no_comm", trace_dir=None,
+                                   json=None, p=p)
+            with contextlib.redirect_stdout(io.StringIO()):
+                res = bench_domino.run_bench(args)
+            v = res["variants"]
+            rows.append({"link": link, "p": p, "comm_fraction_pct": res["comm_fraction_pct"],
+                         "fwd_pct": v["domino"]["overlap_fwd_pct"],
+                         "bwd_pct": v["domino"]["overlap_bwd_pct"],
+                         "vs_no_comm": v["domino"]["step_ms"] / v["no_comm"]["step_ms"],
+                         "speedup_vs_tp": v["vanilla_tp"]["step_ms"] / v["domino"]["step_ms"]})
+            r = rows[-1]
+            print(f"{link:<12} p={p}: comm fraction {r['comm_fraction_pct']:.0f}%, forward "
+                  f"{r['fwd_pct']:.0f}% / backward {r['bwd_pct']:.0f}% hidden, "
+                  f"{r['vs_no_comm']:.2f}x no-comm, {r['speedup_vs_tp']:.2f}x over vanilla TP",
+                  flush=True)
+    return rows
+
+
+def figure(rows: list[dict]):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "Share of communication hidden (from the traces)",
+        "Domino step / no-communication step"))
+    for p in sorted({r["p"] for r in rows}):
+        pts = sorted((r for r in rows if r["p"] == p), key=lambda r: r["comm_fraction_pct"])
+        xs = [r["comm_fraction_pct"] for r in pts]
+        labels = [r["link"] for r in pts]
+        for key, dash in (("fwd_pct", "solid"), ("bwd_pct", "dot")):
+            fig.add_trace(go.Scatter(x=xs, y=[r[key] for r in pts], text=labels,
+                                     mode="lines+markers", line={"dash": dash},
+                                     name=f"p={p} {'forward' if key == 'fwd_pct' else 'backward'}"),
+                          row=1, col=1)
+        fig.add_trace(go.Scatter(x=xs, y=[r["vs_no_comm"] for r in pts], text=labels,
+                                 mode="lines+markers", name=f"p={p} step ratio"), row=1, col=2)
+    fig.update_xaxes(title_text="communication fraction of vanilla TP (%)")
+    fig.update_yaxes(title_text="% hidden", row=1, col=1)
+    fig.update_yaxes(title_text="x no-comm optimum", row=1, col=2)
+    fig.update_layout(title="Domino on a simulated link: where overlap breaks down "
+                            "(2 CPU ranks, simulated presets)", height=480, width=1100)
+    return fig
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--links", default=",".join(LINKS))
+    parser.add_argument("--ps", default="2,4,8", help="chunk counts (must divide --batch)")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=bench_domino.DEFAULTS["hidden"])
+    parser.add_argument("--batch", type=int, default=bench_domino.DEFAULTS["batch"])
+    parser.add_argument("--out", default="runs/domino_sweep.html")
+    opts = parser.parse_args(argv)
+    base = {"hidden": opts.hidden, "batch": opts.batch, "ffn": 4 * opts.hidden}
+    rows = sweep(opts.links.split(","), [int(p) for p in opts.ps.split(",")], opts.steps, base)
+    out = Path(opts.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure(rows).write_html(str(out), include_plotlyjs=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+    print(f"figure written to {out}")
+
+
+if __name__ == "__main__":
+    main()

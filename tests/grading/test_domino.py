@@ -1,0 +1,338 @@
+"""Autograder for lab 6, ``domino``: numbers first, then how much communication hid.
+
+Numerics (fp64, no link model): the loss, the final hidden states and every gradient of a
+2-layer stack (plus the replicated final norm and LM head) equal the single-device reference and
+vanilla TP, for p = 2 and 4 chunks, TP = 2 and 4, GPT (with dropout) and Llama blocks, intra- and
+inter-layer. The handle registry must be empty after every step.
+
+Overlap (fp32, 2 ranks, simulated ``dgx-h100`` link): one Domino training step is profiled, and the
+share of the link's all-reduce time covered by the rank's own compute is read from its trace,
+separately for the all-reduces issued in the forward pass and in the backward pass. Before
+measuring, the link is re-calibrated to the machine's current matmul rate (a busy machine slows
+compute and link alike), and a disturbed measurement is retried once.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from workbook.grading.checks import assert_equal_on_rank
+
+FWD_THRESHOLD_PCT = 90.0
+BWD_THRESHOLD_PCT = 80.0
+LINK = "dgx-h100"
+TIMEOUT_S = 120.0
+TOL = dict(rtol=1e-9, atol=1e-12)
+
+
+def _lab():
+    from workbook.grading.labs import load_lab
+    return load_lab("domino")
+
+
+# --------------------------------------------------------------------------- rank side
+def _small_cfg(style: str, world: int):
+    from workbook.model import ModelConfig
+    return ModelConfig(hidden=48, heads=4, ffn_hidden=96, n_layers=2, seq_len=6, vocab_size=64,
+                       style=style, dropout=0.1 if style == "gpt" else 0.0, dtype="float64")
+
+
+def _expected_grad(name, ref_grads, rank, world):
+    from workbook.model import shard_spec, slice_for_rank
+    spec = shard_spec(name) if name.startswith("blocks.") else ("replicated", None)
+    return slice_for_rank(ref_grads[name], spec, rank, world)
+
+
+def _compare(label, got_loss, got_h, m, got_xgrad, want, rank, world) -> None:
+    ref_loss, ref_h, ref_grads, ref_xgrad = want
+    assert_equal_on_rank(got_loss.detach().reshape(1), ref_loss.reshape(1), rank=rank,
+                         what=f"{label}: loss", **TOL)
+    assert_equal_on_rank(got_h.detach() if isinstance(got_h, torch.Tensor) else got_h, ref_h,
+                         rank=rank, what=f"{label}: final hidden states (chunks in batch order)", **TOL)
+    if m is None:
+        return
+    assert_equal_on_rank(got_xgrad, ref_xgrad, rank=rank, what=f"{label}: gradient of the input x",
+                         **TOL)
+    for name, p in m.params.items():
+        assert_equal_on_rank(p.grad, _expected_grad(name, ref_grads, rank, world), rank=rank,
+                             what=f"{label}: gradient of {name} (this rank's shard)", **TOL)
+
+
+def _numerics(kind: str) -> list[dict]:
+    """On every rank: each case of ``kind``; returns {label, error or None}."""
+    import torch.distributed as dist
+    lab = _lab()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = []
+    g = torch.Generator().manual_seed(7)
+    for style in ("gpt", "llama"):
+        cfg = _small_cfg(style, world)
+        x = torch.randn(4, cfg.seq_len, cfg.hidden, generator=g, dtype=torch.float64)
+        targets = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len), generator=g)
+        want = lab.reference_step(cfg, x, targets, step=3)
+        cases = []
+        if kind == "domino":
+            cases = [("vanilla_tp", 1, True), ("domino", 2, True), ("domino", 4, True),
+                     ("domino", 4, False)]
+        elif kind == "registry":
+            cases = [("steps", 2, True), ("steps", 4, False)]
+        else:
+            cases = [("column", 2, True), ("column", 4, True)]
+        for variant, p, inter in cases:
+            label = (f"{variant}" if variant == "vanilla_tp" else
+                     f"{'domino_forward' if variant != 'column' else 'column_split_forward'}"
+                     f"(p={p}{'' if variant == 'column' else f', inter_layer={inter}'})") + \
+                f" on {style} blocks, TP={world}"
+            try:
+                m = lab.TPStack(cfg, rank, world)
+                if variant == "vanilla_tp":
+                    xx = x.clone().requires_grad_()
+                    loss, h = lab.vanilla_tp_forward(m, xx, targets, step=3)
+                    loss.backward()
+                    _compare(label, loss, h, m, xx.grad, want, rank, world)
+                elif variant == "domino":
+                    xx = x.clone().requires_grad_()
+                    reg = lab.HandleRegistry()
+                    loss, h = lab.domino_forward(m, xx, targets, p, reg, step=3, inter_layer=inter)
+                    loss.backward()
+                    reg.check_empty(f"the end of the step ({label})")
+                    _compare(label, loss, h, m, xx.grad, want, rank, world)
+                elif variant == "column":
+                    reg = lab.HandleRegistry()
+                    with torch.no_grad():
+                        loss, h = lab.column_split_forward(m, x, targets, p, reg, step=3)
+                    reg.check_empty(f"the end of the forward ({label})")
+                    _compare(label, loss, h, None, None, want, rank, world)
+                else:
+                    keys: list = []
+
+                    class Logged(lab.HandleRegistry):
+                        def put(self, key, work):
+                            keys.append(key)
+                            return super().put(key, work)
+
+                    for step in range(2):
+                        keys.clear()
+                        reg = Logged()
+                        xx = x.clone().requires_grad_()
+                        loss, _ = lab.domino_forward(m, xx, targets, p, reg, step=step, inter_layer=inter)
+                        loss.backward()
+                        left = reg.pending()
+                        if left:
+                            raise AssertionError(
+                                f"{label}: after step {step}, {len(left)} handle(s) were never waited "
+                                f"on: {', '.join(left[:6])}; every all-reduce must be waited where "
+                                f"its result is needed (forward: before the residual add; backward: "
+                                f"in WaitInBackward)")
+                        per = 2 * cfg.n_layers * p
+                        fwd = [k for k in keys if k.endswith(".fwd")]
+                        bwd = [k for k in keys if k.endswith(".bwd")]
+                        if len(set(fwd)) != per or len(set(bwd)) != per:
+                            raise AssertionError(
+                                f"{label}: step {step} started {len(set(fwd))} forward and "
+                                f"{len(set(bwd))} backward all-reduce handles; expected {per} of each "
+                                f"(2 sublayers x {cfg.n_layers} layers x {p} chunks), keyed "
+                                f"handle_key(layer, sublayer, chunk, 'fwd'|'bwd')")
+                        m.zero_grad()
+                out.append({"label": label, "error": None})
+            except NotImplementedError:
+                raise
+            except Exception as exc:                    # noqa: BLE001 - reported per case
+                msg = str(exc)
+                out.append({"label": label, "error": msg if msg.startswith("rank ") else
+                            f"rank {rank}: {label}: {type(exc).__name__}: {msg}"})
+    return out
+
+
+def _recalibrate(preset: str) -> None:
+    """The link is re-made from the machine's matmul rate now: each rank takes its best of three
+    short measurements (the least disturbed), and the ranks agree on the highest."""
+    import torch.distributed as dist
+    from workbook import link
+    rate = torch.tensor([max(link.measure_local_flops(seconds=0.1) for _ in range(3))],
+                        dtype=torch.float64)
+    dist.all_reduce(rate, op=dist.ReduceOp.MAX)
+    link.set_link(link.make_link(preset, float(rate)))
+
+
+def _overlap(trace_dir: str) -> dict:
+    """On every rank: one profiled Domino step (p=4) after a warm-up; overlap per pass."""
+    import torch.distributed as dist
+    from workbook import link, trace
+    from workbook.model import ModelConfig
+    from workbook.trace.capture import rank_trace
+    lab = _lab()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _recalibrate(LINK)
+    H, B = 2048, 4               # compute comfortably covers the modelled transfers
+    cfg = ModelConfig(hidden=H, heads=16, ffn_hidden=4 * H, n_layers=2, seq_len=128,
+                      vocab_size=2048, dtype="float32")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, 128, H, generator=g)
+    targets = torch.randint(0, 2048, (B, 128), generator=g)
+    m = lab.TPStack(cfg, rank, world)
+    lab.train_step(m, x, targets, variant="domino", p=4, step=0)
+    m.zero_grad()
+    dist.barrier()
+    with rank_trace(trace_dir, lab="domino"):
+        lab.train_step(m, x, targets, variant="domino", p=4, step=1)
+    t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
+    result = {"rank": rank, "link": link.current_link().label}
+    for phase in ("forward", "backward"):
+        o = trace.overlap(t, within=phase)
+        result[phase] = {"pct": o.overlap_pct, "comm_ms": o.comm_us / 1e3,
+                         "exposed_ms": o.exposed_comm_us / 1e3,
+                         "count": o.collectives.get("all_reduce", {}).get("count", 0)}
+    return result
+
+
+# --------------------------------------------------------------------------- test side
+_RUNS: dict = {}
+
+
+def _cached(key, make):
+    from workbook.grading.labs import ENV_IMPL
+    key = (*key, os.environ.get(ENV_IMPL))
+    if key not in _RUNS:
+        try:
+            _RUNS[key] = ("ok", make())
+        except BaseException as exc:                    # noqa: BLE001 - replayed by each test
+            _RUNS[key] = ("err", exc)
+    status, value = _RUNS[key]
+    if status == "err":
+        raise value
+    return value
+
+
+def _check_numerics(kind: str, world: int) -> None:
+    from workbook.launch import shared_pool
+    results = _cached(("numerics", kind, world),
+                      lambda: shared_pool(world).run(_numerics, kind, timeout=TIMEOUT_S))
+    for cases in results:
+        for case in cases:
+            if case["error"]:
+                raise AssertionError(case["error"])
+
+
+def _overlap_results(tmp_root) -> list[dict]:
+    from workbook.launch import shared_pool
+
+    def measure():
+        best = None
+        for attempt in range(2):                        # retry once if the machine disturbed it
+            res = shared_pool(2).run(_overlap, str(tmp_root / f"attempt{attempt}"), link=LINK,
+                                     timeout=TIMEOUT_S)
+            if best is None or _score(res) > _score(best):
+                best = res
+            if _passes(best, "forward") and _passes(best, "backward"):
+                break
+        return best
+    return _cached(("overlap",), measure)
+
+
+def _pct(res, phase) -> float:
+    """The share of the job's communication (all ranks together) hidden behind compute."""
+    comm = sum(r[phase]["comm_ms"] for r in res)
+    return 100.0 * (1 - sum(r[phase]["exposed_ms"] for r in res) / comm) if comm else 0.0
+
+
+def _score(res) -> float:
+    return _pct(res, "forward") + _pct(res, "backward")
+
+
+def _passes(res, phase) -> bool:
+    return _pct(res, phase) >= (FWD_THRESHOLD_PCT if phase == "forward" else BWD_THRESHOLD_PCT)
+
+
+def _check_overlap(phase: str, tmp_root) -> None:
+    res = _overlap_results(tmp_root)
+    limit = FWD_THRESHOLD_PCT if phase == "forward" else BWD_THRESHOLD_PCT
+    for r in res:
+        if r[phase]["count"] == 0 or not r[phase]["comm_ms"]:
+            raise AssertionError(f"rank {r['rank']}: no all-reduce issued in the {phase} pass was "
+                                 f"found on the link track of the trace")
+    pct = _pct(res, phase)
+    if pct < limit:
+        worst = min(res, key=lambda r: r[phase]["pct"] or 0.0)
+        o = worst[phase]
+        per_rank = ", ".join(f"rank {r['rank']} {r[phase]['pct']:.0f}%" for r in res)
+        why = ("start each chunk's all-reduce with async_op=True and wait for it only in the "
+               "prepare step of the same chunk's next sublayer, after other chunks computed"
+               if phase == "forward" else
+               "AsyncCopyToTP's backward must only start the all-reduce, and WaitInBackward "
+               "must be created (in the forward) before another chunk's compute: prepare "
+               "unit n+1 (norm + WaitInBackward) before computing unit n, so that autograd "
+               "runs that compute between the start and the wait")
+        raise AssertionError(
+            f"rank {worst['rank']}: Domino (p=4, 2 layers, 2 ranks, {worst['link']}): "
+            f"{pct:.0f}% of the all-reduce time issued in the {phase} pass ({per_rank}; "
+            f"{o['count']} all-reduces, {o['comm_ms']:.0f} ms of modelled transfer on rank "
+            f"{worst['rank']}, {o['exposed_ms']:.0f} ms exposed) was hidden behind compute, "
+            f"read from the trace; at least {limit:.0f}% is expected. {why}")
+
+
+@pytest.fixture(scope="module")
+def trace_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("domino_traces")
+
+
+@pytest.mark.points(1)
+def test_handle_registry():
+    lab = _lab()
+
+    class Work:
+        waited = 0
+
+        def wait(self):
+            Work.waited += 1
+            return True
+
+    reg = lab.HandleRegistry()
+    reg.put(lab.handle_key(1, "mlp", 3, "bwd"), Work())
+    assert lab.handle_key(1, "mlp", 3, "bwd") == "layer1.mlp.chunk3.bwd"
+    with pytest.raises(RuntimeError) as err:
+        reg.check_empty()
+    assert "layer1.mlp.chunk3.bwd" in str(err.value), \
+        f"check_empty must name the open key; its message was: {err.value}"
+    with pytest.raises(RuntimeError) as err:
+        reg.put("layer1.mlp.chunk3.bwd", Work())
+    assert "layer1.mlp.chunk3.bwd" in str(err.value), "put() of an open key must fail, naming it"
+    reg.wait("layer1.mlp.chunk3.bwd")
+    assert Work.waited == 1, "wait(key) must call the work's wait()"
+    reg.check_empty()
+    assert reg.pending() == []
+    with pytest.raises(RuntimeError) as err:
+        reg.wait("layer0.attn.chunk0.fwd")
+    assert "layer0.attn.chunk0.fwd" in str(err.value), "wait() of an unknown key must fail, naming it"
+
+
+@pytest.mark.points(3)
+def test_domino_matches_reference_tp2():
+    _check_numerics("domino", 2)
+
+
+@pytest.mark.points(2)
+def test_domino_matches_reference_tp4():
+    _check_numerics("domino", 4)
+
+
+@pytest.mark.points(1)
+def test_registry_empty_after_each_step():
+    _check_numerics("registry", 2)
+
+
+@pytest.mark.points(1)
+def test_column_split_forward_matches_reference():
+    _check_numerics("column", 2)
+
+
+@pytest.mark.points(3)
+def test_forward_communication_hidden(trace_root):
+    _check_overlap("forward", trace_root)
+
+
+@pytest.mark.points(3)
+def test_backward_communication_hidden(trace_root):
+    _check_overlap("backward", trace_root)

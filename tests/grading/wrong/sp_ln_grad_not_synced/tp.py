@@ -1,0 +1,1 @@
+../../../../solutions/tp.py

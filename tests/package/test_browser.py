@@ -1,0 +1,211 @@
+"""The lessons work in a real browser: JupyterLab + headless Chromium run a lesson end to end.
+
+The test starts JupyterLab on 127.0.0.1 (a free port, a token, ``--no-browser``) over a
+temporary copy of ``lessons/`` (so autosave cannot touch the committed notebooks), drives
+Debian's Chromium through its chromedriver with the W3C WebDriver protocol (plain HTTP, no extra
+Python package), opens a lesson, runs every cell, and checks that the kernel reported no error,
+that a plotly figure was drawn and that an ipywidgets control was drawn. A screenshot is kept in
+``tests/artifacts/``. JupyterLab, its kernel and Chromium are stopped at the end, pass or fail.
+
+Skipped where no Chromium or chromedriver is installed (CI installs Debian's ``chromium`` and
+``chromium-driver``).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+LESSON = "01_collectives.ipynb"
+CHROMIUM = shutil.which("chromium") or (
+    "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+CHROMEDRIVER = shutil.which("chromedriver") or (
+    "/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists() else None)
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--no-first-run", "--window-size=1400,1100"]
+RUN_TIMEOUT_S = 300
+
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="no Chromium/chromedriver (apt-get install chromium chromium-driver)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(method: str, url: str, body=None, timeout: float = 60.0):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else None
+
+
+def _wait_until(what: str, check, timeout: float, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+
+
+class WebDriver:
+    """The few W3C WebDriver commands this test needs, over HTTP."""
+
+    def __init__(self, base: str, user_data_dir: str):
+        caps = {"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
+            "binary": CHROMIUM, "args": CHROMIUM_FLAGS + [f"--user-data-dir={user_data_dir}"]}}}}
+        self.base = base
+        self.session = _http("POST", f"{base}/session", caps)["value"]["sessionId"]
+
+    def _cmd(self, method, path, body=None, timeout=60.0):
+        return _http(method, f"{self.base}/session/{self.session}{path}", body, timeout)["value"]
+
+    def get(self, url):
+        self._cmd("POST", "/url", {"url": url})
+
+    def js(self, script, *args):
+        return self._cmd("POST", "/execute/sync", {"script": script, "args": list(args)})
+
+    def screenshot(self, path: Path):
+        path.write_bytes(base64.b64decode(self._cmd("GET", "/screenshot")))
+
+    def quit(self):
+        try:
+            _http("DELETE", f"{self.base}/session/{self.session}", timeout=20)
+        except Exception:                                   # noqa: BLE001 - cleanup
+            pass
+
+
+def _stop(proc: subprocess.Popen | None, grace: float = 10.0) -> None:
+    """Stop a process started in its own session, and everything in its process group."""
+    if proc is None or proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# The notebook's state, read through the JupyterLab application object (exposed with
+# --LabApp.expose_app_in_browser): kernel status, cells run, errors, and what was drawn.
+STATE_JS = """
+const app = window.jupyterapp;
+const w = app && app.shell.currentWidget;
+if (!w || !w.content || !w.sessionContext || !w.sessionContext.session) return null;
+const kernel = w.sessionContext.session.kernel;
+const cells = w.content.model.cells;
+let code = 0, done = 0, errors = [];
+for (let i = 0; i < cells.length; i++) {
+  const c = cells.get(i);
+  if (c.type !== 'code') continue;
+  code += 1;
+  if (c.executionCount) done += 1;
+  for (let j = 0; j < c.outputs.length; j++) {
+    const o = c.outputs.get(j).toJSON();
+    if (o.output_type === 'error') errors.push(o.ename + ': ' + o.evalue);
+  }
+}
+return {status: kernel ? kernel.status : 'none', code: code, done: done, errors: errors,
+        plots: document.querySelectorAll('.js-plotly-plot .main-svg').length,
+        widgets: document.querySelectorAll('.jp-OutputArea-output .widget-slider, '
+                                           + '.jp-OutputArea-output .widget-dropdown').length};
+"""
+
+
+def test_lesson_runs_in_chromium(tmp_path):
+    work = tmp_path / "lessons"
+    shutil.copytree(ROOT / "lessons", work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ, WORKBOOK_LESSONS_NO_GRADE="1", JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"browser_{Path(LESSON).stem}.png"
+    lab = driver_proc = driver = None
+    log = open(tmp_path / "jupyterlab.log", "w")
+    try:
+        lab = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
+             "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={tmp_path / 'ws'}",
+             "--ServerApp.port_retries=0", "--allow-root",       # CI containers run as root
+             "--LabApp.extension_manager=readonly",
+             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+            cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        _wait_until("JupyterLab to answer", lambda: _http("GET", f"{base}/api/status?token={token}",
+                                                          timeout=5), 90)
+        dport = _free_port()
+        driver_proc = subprocess.Popen([CHROMEDRIVER, f"--port={dport}"], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)
+        dbase = f"http://127.0.0.1:{dport}"
+        _wait_until("chromedriver",
+                    lambda: _http("GET", f"{dbase}/status", timeout=5)["value"]["ready"], 30)
+        driver = WebDriver(dbase, str(tmp_path / "chromium-profile"))
+        driver.get(f"{base}/lab/tree/{LESSON}?token={token}")
+        _wait_until("the notebook and its kernel", lambda: (driver.js(STATE_JS) or {}).get("status")
+                    == "idle", 120)
+        driver.js("window.jupyterapp.commands.execute('notebook:run-all-cells'); return true;")
+
+        def finished():
+            s = driver.js(STATE_JS)
+            if s and s["errors"]:
+                return s
+            return s if s and s["done"] == s["code"] and s["status"] == "idle" else None
+
+        state = _wait_until("every cell to run", finished, RUN_TIMEOUT_S, every=2.0)
+        # the widget panel re-renders its figure asynchronously: give the renderers a moment
+        if not state["errors"]:
+            state = _wait_until("a plotly figure and a widget", lambda: (
+                lambda s: s if s["plots"] and s["widgets"] else None)(driver.js(STATE_JS)), 30)
+        driver.js("const w = document.querySelector('.jp-OutputArea-output .widget-dropdown');"
+                  "if (w) w.scrollIntoView({block: 'start'}); return true;")   # controls + figure
+        time.sleep(1.0)
+        driver.screenshot(shot)
+        assert not state["errors"], f"{LESSON} raised in the browser: {state['errors']}"
+        assert state["plots"] > 0, f"no plotly figure rendered in {LESSON}: {state}"
+        assert state["widgets"] > 0, f"no ipywidgets control rendered in {LESSON}: {state}"
+        assert shot.stat().st_size > 10_000, f"screenshot {shot} looks empty"
+    finally:
+        if driver is not None:
+            driver.quit()
+        _stop(driver_proc)
+        if lab is not None and lab.poll() is None:
+            try:                                       # shuts its kernels down, then itself
+                _http("POST", f"http://127.0.0.1:{port}/api/shutdown?token={token}", timeout=20)
+                lab.wait(timeout=30)
+            except Exception:                           # noqa: BLE001 - fall back to signals
+                pass
+        _stop(lab)
+        log.close()

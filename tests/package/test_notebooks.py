@@ -1,0 +1,72 @@
+"""The lessons run: every notebook in lessons/ executes top to bottom on CPU, with no error.
+
+Each lesson's source is its jupytext percent script ``lessons/NN_name.py``; the committed
+``NN_name.ipynb`` is its pair, with outputs stripped. These tests check the pair agrees, then
+execute the notebook made from the script in a fresh Jupyter kernel (nbclient), the way a
+learner's "Run All" would. Grading cells are skipped while the notebooks run
+(``WORKBOOK_LESSONS_NO_GRADE``); ``test_check_your_work`` runs the grading helper once on its own.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+jupytext = pytest.importorskip("jupytext")
+nbclient = pytest.importorskip("nbclient")
+
+ROOT = Path(__file__).resolve().parents[2]
+LESSONS = ROOT / "lessons"
+SCRIPTS = sorted(LESSONS.glob("[0-9][0-9]_*.py"))
+CELL_TIMEOUT_S = 240
+
+
+def _sources(nb) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source.strip()) for c in nb.cells]
+
+
+def test_there_are_lessons():
+    assert SCRIPTS, f"no lesson scripts in {LESSONS}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_notebook_pair_in_sync(script):
+    ipynb = script.with_suffix(".ipynb")
+    assert ipynb.exists(), \
+        f"{ipynb.name} is missing: run `jupytext --sync {script.relative_to(ROOT)}`"
+    from_py, from_ipynb = jupytext.read(script), jupytext.read(ipynb)
+    assert _sources(from_ipynb) == _sources(from_py), (
+        f"{ipynb.name} and {script.name} differ: edit the .py, then `jupytext --sync` it")
+    with_output = [i for i, c in enumerate(from_ipynb.cells)
+                   if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
+    assert not with_output, f"{ipynb.name}: cells {with_output} keep outputs; strip them"
+    kernel = from_ipynb.metadata.get("kernelspec", {}).get("name")
+    assert kernel == "python3", (f"{ipynb.name} names no python3 kernel (JupyterLab would ask): "
+                                 f"`jupytext --set-kernel python3 {ipynb.relative_to(ROOT)}`")
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_notebook_runs(script, monkeypatch):
+    from nbclient import NotebookClient
+    monkeypatch.setenv("WORKBOOK_LESSONS_NO_GRADE", "1")        # the kernel inherits it
+    nb = jupytext.read(script)
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(LESSONS)}})
+    t0 = time.perf_counter()
+    client.execute()                     # raises CellExecutionError naming the failing cell
+    elapsed = time.perf_counter() - t0
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors, f"{script.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+    print(f"{script.name}: {elapsed:.1f} s")
+
+
+def test_check_your_work(capsys, monkeypatch):
+    """The notebooks' grading cell: it shows the score table of the stubs and does not raise."""
+    monkeypatch.delenv("WORKBOOK_LESSONS_NO_GRADE", raising=False)
+    monkeypatch.delenv("WORKBOOK_IMPL", raising=False)
+    from workbook.lessons import check_your_work
+    code = check_your_work("async_overlap")
+    out = capsys.readouterr().out
+    assert code is not None and "TOTAL" in out and "async_overlap" in out, out[-3000:]

@@ -1,0 +1,224 @@
+"""``workbook bench domino``: vanilla TP, Domino and the no-communication optimum on one model.
+
+Every variant trains the same model (same weights, batch and link) on the same ranks, one after
+the other; each step runs inside the profiler (``workbook.trace.capture.rank_trace``), with the
+forward and backward passes in ``record_function`` ranges, so that overlap is read from the
+trace exactly as the grader reads it:
+
+* ``vanilla_tp``   Megatron TP: every all-reduce waited on at once;
+* ``sp``           sequence-parallel TP: not benchmarked here yet (the ``sp`` lab owns it);
+* ``domino_intra`` Domino with the batch cut into ``p`` chunks, waiting at each layer boundary;
+* ``domino``       Domino, intra- and inter-layer;
+* ``no_comm``      vanilla TP's compute with every collective skipped (wrong numbers, right
+                   time): the optimum a perfect overlap would reach.
+
+Per variant (medians over the measured steps, slowest rank): step time, modelled link time
+(``comm_ms``), communication the compute did not hide (``exposed_comm_ms``, from the trace) and
+the share hidden in the forward and the backward pass. The communication fraction is
+``f = comm / (comm + no-comm step)`` with vanilla TP's modelled link time; the ceiling on any
+overlap's speed-up is ``1 / (1 - f)``. Vanilla TP's waiting is split into the modelled link time
+and the real gloo time the link cannot explain (rank skew on shared cores): per op,
+``arrival - issued`` against the modelled time.
+
+All figures are on the simulated link (``workbook.link``): a CPU in slow motion, labelled so.
+
+    workbook bench domino --link dgx-h100 --json domino.json
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+VARIANTS = ("vanilla_tp", "sp", "domino_intra", "domino", "no_comm")
+DEFAULTS = dict(hidden=1024, heads=16, ffn=4096, layers=2, batch=16, seq=128, vocab=2048, p=4)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--nproc", type=int, default=2, help="tensor-parallel ranks (default 2)")
+    parser.add_argument("--link", default="dgx-h100", help="simulated link preset (default dgx-h100)")
+    parser.add_argument("--impl", default="solutions", help="labs, solutions or a folder (default solutions)")
+    parser.add_argument("--style", choices=["gpt", "llama"], default="gpt")
+    for name, value in DEFAULTS.items():
+        parser.add_argument(f"--{name}", type=int, default=value, help=f"default {value}")
+    parser.add_argument("--lookahead", type=int, default=1, help="Domino's prepare-ahead (default 1)")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per variant (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per variant (default 1)")
+    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "sp"),
+                        help="comma-separated subset of " + ",".join(VARIANTS))
+    parser.add_argument("--trace-dir", default=None, help="keep the traces here")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
+
+
+# --------------------------------------------------------------------------- inside a rank
+def _rank_bench(opts: dict, trace_root: str) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from workbook import link, trace
+    from workbook.grading.labs import load_lab
+    from workbook.model import ModelConfig
+    from workbook.trace.capture import rank_trace
+    lab = load_lab("domino", opts["impl"])
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ModelConfig(hidden=opts["hidden"], heads=opts["heads"], ffn_hidden=opts["ffn"],
+                      n_layers=opts["layers"], seq_len=opts["seq"], vocab_size=opts["vocab"],
+                      style=opts["style"], dtype="float32")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(opts["batch"], opts["seq"], opts["hidden"], generator=g)
+    targets = torch.randint(0, opts["vocab"], (opts["batch"], opts["seq"]), generator=g)
+    m = lab.TPStack(cfg, rank, world)
+    out = {"rank": rank, "link": link.current_link().describe() if link.current_link() else None,
+           "variants": {}}
+    variants = [v for v in opts["variants"] if v != "sp"]
+
+    def step(variant, k):
+        if variant.startswith("domino"):
+            reg = lab.HandleRegistry()
+            with torch.profiler.record_function("forward"):
+                loss, _ = lab.domino_forward(m, x, targets, opts["p"], reg, step=k,
+                                             inter_layer=variant == "domino",
+                                             lookahead=opts["lookahead"])
+            with torch.profiler.record_function("backward"):
+                loss.backward()
+            reg.check_empty()
+        else:
+            lab.train_step(m, x, targets, variant=variant, p=opts["p"], step=k)
+        m.zero_grad()
+
+    for variant in variants:
+        for k in range(opts["warmup"]):
+            step(variant, k)
+    rows = {v: {f: [] for f in ("step_ms", "comm_ms", "exposed_comm_ms", "overlap_fwd_pct",
+                                "overlap_bwd_pct", "gloo_arrival_ms", "beyond_modelled_ms")}
+            for v in variants}
+    for k in range(opts["steps"]):          # variants take turns, so noise hits them alike
+        for variant in variants:
+            tdir = Path(trace_root) / variant / f"step{k}"
+            dist.barrier()
+            since = len(link.op_log())
+            with rank_trace(tdir, lab="domino"):
+                t0 = time.perf_counter()
+                step(variant, k)
+                elapsed = (time.perf_counter() - t0) * 1e3
+            ops = [r for r in link.op_log()[since:] if r.op == "all_reduce"]
+            t = trace.load_trace(tdir / f"rank{rank}.trace.json")
+            r = rows[variant]
+            r["step_ms"].append(elapsed)
+            r["comm_ms"].append(sum(o.modelled_ns for o in ops) / 1e6)
+            r["gloo_arrival_ms"].append(sum(max(0, o.arrival_ns - o.issued_ns) for o in ops) / 1e6)
+            r["beyond_modelled_ms"].append(sum(max(0, o.arrival_ns - o.end_ns) for o in ops) / 1e6)
+            r["exposed_comm_ms"].append(trace.overlap(t).exposed_comm_us / 1e3)
+            for phase, key in (("forward", "overlap_fwd_pct"), ("backward", "overlap_bwd_pct")):
+                r[key].append(trace.overlap_pct(t, within=phase) if ops else None)
+    for variant, r in rows.items():
+        out["variants"][variant] = {f: (statistics.median(v) if v and None not in v else None)
+                                    for f, v in r.items()}
+    return out
+
+
+# --------------------------------------------------------------------------- the table
+def _combine(results: list[dict]) -> dict:
+    """Slowest rank's step and exposed time; the mean of the ranks' overlaps."""
+    merged = {}
+    for v in results[0]["variants"]:
+        rows = [r["variants"][v] for r in results]
+        merged[v] = {
+            "step_ms": max(r["step_ms"] for r in rows),
+            "comm_ms": max(r["comm_ms"] for r in rows),
+            "exposed_comm_ms": max(r["exposed_comm_ms"] for r in rows),
+            "overlap_fwd_pct": _mean([r["overlap_fwd_pct"] for r in rows]),
+            "overlap_bwd_pct": _mean([r["overlap_bwd_pct"] for r in rows]),
+            "gloo_arrival_ms": max(r["gloo_arrival_ms"] for r in rows),
+            "beyond_modelled_ms": max(r["beyond_modelled_ms"] for r in rows)}
+    return merged
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _fmt(x, spec="{:.0f}"):
+    return "-" if x is None else spec.format(x)
+
+
+def report(result: dict) -> str:
+    v, o = result["variants"], result["options"]
+    lines = [f"Domino benchmark: {result['nproc']} ranks, simulated link {result['link']} "
+             f"({result['link_label']})",
+             f"model: {o['style']}, hidden {o['hidden']}, ffn {o['ffn']}, heads {o['heads']}, "
+             f"{o['layers']} layers, batch {o['batch']} x seq {o['seq']}, vocab {o['vocab']}, fp32; "
+             f"Domino p={o['p']} chunks, lookahead {o['lookahead']}; {o['steps']} measured steps",
+             "",
+             f"{'variant':<14}{'step ms':>9}{'comm ms':>9}{'exposed':>9}{'fwd hid%':>10}"
+             f"{'bwd hid%':>10}{'x no-comm':>11}{'speed-up':>10}"]
+    base = v.get("no_comm", {}).get("step_ms")
+    van = v.get("vanilla_tp", {}).get("step_ms")
+    for name in VARIANTS:
+        if name not in v:
+            if name == "sp":
+                lines.append(f"{'sp':<14}  (skipped: sequence-parallel TP is the sp lab's; not built here)")
+            continue
+        r = v[name]
+        lines.append(f"{name:<14}{_fmt(r['step_ms']):>9}{_fmt(r['comm_ms']):>9}"
+                     f"{_fmt(r['exposed_comm_ms']):>9}{_fmt(r['overlap_fwd_pct'], '{:.1f}'):>10}"
+                     f"{_fmt(r['overlap_bwd_pct'], '{:.1f}'):>10}"
+                     f"{_fmt(r['step_ms'] / base if base else None, '{:.2f}x'):>11}"
+                     f"{_fmt(van / r['step_ms'] if van else None, '{:.2f}x'):>10}")
+    f = result.get("comm_fraction_pct")
+    if f is not None:
+        ceiling = 1 / (1 - f / 100)
+        lines += ["", f"communication fraction f = comm / (comm + no-comm step) = {f:.1f}% "
+                      f"(vanilla TP's modelled link time)",
+                  f"ceiling of any overlap's speed-up over vanilla TP: 1/(1-f) = {ceiling:.2f}x"]
+        if "domino" in v and van:
+            s = van / v["domino"]["step_ms"]
+            lines.append(f"Domino: {s:.2f}x over vanilla TP = {100 * (s - 1) / (ceiling - 1):.0f}% of "
+                         f"the possible gain ({100 * s / ceiling:.0f}% of the ceiling)")
+    if "vanilla_tp" in v:
+        r = v["vanilla_tp"]
+        lines.append(f"vanilla TP waits: {r['comm_ms']:.0f} ms modelled link time per step; the "
+                     f"real gloo ops took {r['gloo_arrival_ms']:.0f} ms from issue to arrival, "
+                     f"{r['beyond_modelled_ms']:.0f} ms of it beyond the modelled end (skew, CPU)")
+    lines.append("simulated figures: a CPU in slow motion, calibrated to the preset's compute/link ratio")
+    return "\n".join(lines)
+
+
+def run_bench(args) -> dict:
+    from workbook import launch
+    opts = {k: getattr(args, k) for k in (*DEFAULTS, "style", "lookahead", "steps", "warmup", "impl")}
+    opts["variants"] = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(opts["variants"]) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
+    root = args.trace_dir or tempfile.mkdtemp(prefix="domino-bench-")
+    results = launch.run(_rank_bench, args.nproc, opts, root, link=args.link, timeout=1800)
+    variants = _combine(results)
+    link_info = results[0]["link"] or {}
+    result = {"link": args.link, "nproc": args.nproc, "options": opts,
+              "link_label": f"calibrated to {link_info.get('local_gflops', 0):.0f} GFLOP/s local"
+              if link_info else "none", "variants": variants, "comm_fraction_pct": None}
+    if "vanilla_tp" in variants and "no_comm" in variants:
+        c, b = variants["vanilla_tp"]["comm_ms"], variants["no_comm"]["step_ms"]
+        result["comm_fraction_pct"] = 100 * c / (c + b)
+    print(report(result))
+    if args.json:
+        keys = ("step_ms", "comm_ms", "exposed_comm_ms", "overlap_fwd_pct", "overlap_bwd_pct")
+        Path(args.json).write_text(json.dumps({
+            "link": args.link, "nproc": args.nproc, "comm_fraction_pct": result["comm_fraction_pct"],
+            "variants": {k: {f: r[f] for f in keys} for k, r in variants.items()}}, indent=2))
+    return result
+
+
+def main(argv=None) -> None:
+    import argparse
+    parser = argparse.ArgumentParser(description="Domino vs vanilla TP on the simulated link")
+    add_arguments(parser)
+    run_bench(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
