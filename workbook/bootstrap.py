@@ -95,7 +95,8 @@ def run_tests() -> int:
     wb = [PY, "-m", "workbook.cli"]
     steps = [
         ("labs/ generated from solutions/", [*wb, "assign", "--check"]),
-        ("package tests", [PY, "-m", "pytest", "-q", "tests/package", "-p", "no:cacheprovider"]),
+        ("package tests", [PY, "-m", "pytest", "-q", "tests/package", "-p", "no:cacheprovider",
+                           "--durations=8"]),
         ("grading solutions/ (must be full marks)", [*wb, "grade", "--impl", "solutions", "--strict"]),
         ("grading the generated stubs (must score 0, no hang)",
          [PY, "-m", "workbook.selftest", "stubs"]),

@@ -27,6 +27,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+# Kineto (the profiler's C++ side) prints "profiler_start"/"profiler_stop" lines on stderr at
+# every capture; read when the profiler first starts, so setting it here is early enough.
+# Export KINETO_LOG_LEVEL=0 to see its messages again.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from workbook import link
@@ -79,6 +84,19 @@ def link_events(records, pid, offset_us: float, since_ns: int) -> list[dict]:
     return events
 
 
+_PROFILER_WARM = False
+
+
+def _warm_up_profiler(activities) -> None:
+    """The first profiler session of a process is slow to start and stop (hundreds of ms):
+    pay for it once, outside any traced region, so the first traced step looks like the rest."""
+    global _PROFILER_WARM
+    if not _PROFILER_WARM:
+        with profile(activities=activities):
+            torch.ones(1).add_(1)
+        _PROFILER_WARM = True
+
+
 @contextmanager
 def rank_trace(run_dir, *, lab: str = "", run_id: str | None = None):
     """Profile the enclosed code on this rank; see the module docstring."""
@@ -89,6 +107,7 @@ def rank_trace(run_dir, *, lab: str = "", run_id: str | None = None):
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
         activities.append(ProfilerActivity.CUDA)
+    _warm_up_profiler(activities)
     started_ns = time.perf_counter_ns()
     with profile(activities=activities) as prof:
         with record_function("workbook_warmup"):

@@ -85,7 +85,12 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
         sel = np.isin(kinds, _DRAWN) & (t.end >= max(w0, lo)) & (t.ts <= min(w1, hi))
         for tr in np.unique(t.track_id[sel]).tolist():
             idx = np.flatnonzero(sel & (t.track_id == tr))
-            idx = idx[_top_level(t.ts[idx], t.end[idx])]
+            # Outermost spans only, except waits: a wait nested in an operator (an autograd
+            # function that blocks on its all-reduce) is drawn over it, as the metrics count it.
+            waits = kinds[idx] == WAIT
+            other, wait = idx[~waits], idx[waits]
+            idx = np.concatenate([other[_top_level(t.ts[other], t.end[other])],
+                                  wait[_top_level(t.ts[wait], t.end[wait])]])
             row = len(rows)
             rows.append(f"rank {t.rank} · {t.tracks[tr].name}")
             for code in _DRAWN:
