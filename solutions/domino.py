@@ -334,6 +334,9 @@ def domino_forward(m: TPStack, x, targets, p: int, registry: HandleRegistry, *, 
     docstring). ``inter_layer=False`` treats each layer as its own list of units and waits for
     every chunk's last all-reduce at the end of the layer (the intra-layer-only variant).
     The hidden states returned are the chunks joined in batch order."""
+    if not 0 <= lookahead < p:
+        raise ValueError(f"lookahead={lookahead} must be at least 0 and smaller than p={p}: a chunk "
+                         "can only be prepared once its previous all-reduce has started")
     B, L = x.shape[0], m.cfg.n_layers
     rows = chunk_rows(B, p)
     n_tokens = targets.numel()

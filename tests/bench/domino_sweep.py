@@ -28,10 +28,10 @@ def sweep(links, ps, steps: int, base: dict) -> list[dict]:
     rows = []
     for link in links:
         for p in ps:
-            args = SimpleNamespace(**{**bench_domino.DEFAULTS, **base}, nproc=2, link=link,
-                                   impl="solutions", style="gpt", lookahead=1, steps=steps,
-                                   warmup=1, variants="vanilla_tp,domino,no_comm", trace_dir=None,
-                                   json=None, p=p)
+            model = {**bench_domino.DEFAULTS, **base, "p": p}
+            args = SimpleNamespace(**model, nproc=2, link=link, impl="solutions", style="gpt",
+                                   lookahead=1, steps=steps, warmup=1,
+                                   variants="vanilla_tp,domino,no_comm", trace_dir=None, json=None)
             with contextlib.redirect_stdout(io.StringIO()):
                 res = bench_domino.run_bench(args)
             v = res["variants"]
