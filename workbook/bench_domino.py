@@ -312,6 +312,17 @@ def run_bench(args) -> dict:
     unknown = set(opts["variants"]) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variant(s) {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
+    problems = [msg for bad, msg in (
+        (args.batch % args.p, f"--p {args.p} must divide --batch {args.batch}"),
+        (not 0 <= args.lookahead < args.p, f"--lookahead {args.lookahead} must be below --p {args.p}"),
+        (args.hidden % args.heads, f"--heads {args.heads} must divide --hidden {args.hidden}"),
+        (args.heads % args.nproc, f"--nproc {args.nproc} must divide --heads {args.heads}"),
+        (args.ffn % args.nproc, f"--nproc {args.nproc} must divide --ffn {args.ffn}"),
+        ("sp" in opts["variants"] and args.seq % args.nproc,
+         f"--nproc {args.nproc} must divide --seq {args.seq} (the sp variant shards the sequence)"),
+    ) if bad]
+    if problems:
+        raise SystemExit("workbook bench domino: " + "; ".join(problems))
     root = args.trace_dir or tempfile.mkdtemp(prefix="domino-bench-")
     results = launch.run(_rank_bench, args.nproc, opts, root, link=args.link, timeout=1800)
     variants = _combine(results)
