@@ -96,7 +96,7 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
                 loss = _sp_forward(lab, sp, m, x, targets, k)
             with torch.profiler.record_function("backward"):
                 loss.backward()
-                _all_reduce_norm_grads(m)
+                _all_reduce_sequence_parallel_grads(m)
         elif variant.startswith("domino"):
             reg = lab.HandleRegistry()
             with torch.profiler.record_function("forward"):
@@ -208,11 +208,12 @@ class _GatherSequenceSplitBackward(torch.autograd.Function):
         return grad[:, ctx.rank * ctx.piece:(ctx.rank + 1) * ctx.piece]
 
 
-def _all_reduce_norm_grads(m) -> None:
-    """The blocks' norm weights saw only this rank's positions: sum their gradients (one
-    flat all-reduce of a few kB per step)."""
-    grads = [t.grad for name, t in m.params.items()
-             if name.startswith("blocks.") and ".norm" in name and t.grad is not None]
+def _all_reduce_sequence_parallel_grads(m) -> None:
+    """The blocks' norm weights and row-parallel biases saw only this rank's positions: sum
+    their gradients (one flat all-reduce of a few kB per step)."""
+    row_biases = (".attn.wo.bias", ".mlp.fc2.bias", ".mlp.w_down.bias")
+    grads = [t.grad for name, t in m.params.items() if t.grad is not None and name.startswith("blocks.")
+             and (".norm" in name or name.endswith(row_biases))]
     if grads:
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)

@@ -1,0 +1,53 @@
+"""``workbook bench domino``: its variants compute the same step, and bad shapes fail at once.
+
+The benchmark is a timing tool, but its sequence-parallel variant is code of its own (the SP
+lab's conjugate ops on the Domino lab's weights): its loss and every gradient must equal vanilla
+TP's, or its timings would be of the wrong computation.
+"""
+from __future__ import annotations
+
+import pytest
+
+from workbook import bench_domino
+
+
+def _sp_against_vanilla():
+    import torch
+    import torch.distributed as dist
+
+    from workbook.grading.labs import load_lab
+    from workbook.model import ModelConfig
+    lab, sp = load_lab("domino", "solutions"), load_lab("sp", "solutions")
+    cfg = ModelConfig(hidden=64, heads=4, ffn_hidden=256, n_layers=2, seq_len=16, vocab_size=128,
+                      dtype="float64", dropout=0.1)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, 64, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 128, (4, 16), generator=g)
+    m = lab.TPStack(cfg, dist.get_rank(), dist.get_world_size())
+    vanilla_loss = lab.train_step(m, x, targets, variant="vanilla_tp", step=3).item()
+    vanilla = {k: t.grad.clone() for k, t in m.params.items()}
+    m.zero_grad()
+    loss = bench_domino._sp_forward(lab, sp, m, x, targets, 3)
+    loss.backward()
+    bench_domino._all_reduce_sequence_parallel_grads(m)
+    worst = max(((vanilla[k] - t.grad).abs().max().item(), k) for k, t in m.params.items())
+    return abs(loss.item() - vanilla_loss), worst
+
+
+def test_sp_variant_computes_what_vanilla_tp_computes():
+    from workbook.launch import run
+    for rank, (loss_err, (grad_err, name)) in enumerate(run(_sp_against_vanilla, 2)):
+        assert loss_err < 1e-12, f"rank {rank}: SP loss differs from vanilla TP's by {loss_err:.1e}"
+        assert grad_err < 1e-12, f"rank {rank}: gradient of {name} differs by {grad_err:.1e}"
+
+
+def test_shapes_that_do_not_divide_fail_in_one_line():
+    import argparse
+    parser = argparse.ArgumentParser()
+    bench_domino.add_arguments(parser)
+    args = parser.parse_args(["--p", "3", "--heads", "5"])
+    with pytest.raises(SystemExit) as err:
+        bench_domino.run_bench(args)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "--p 3 must divide --batch 16" in message and "--heads 5 must divide --hidden" in message
