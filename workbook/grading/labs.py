@@ -70,3 +70,16 @@ def load_lab(name: str, impl: str | None = None):
     import cloudpickle                      # its functions travel to rank processes by value
     cloudpickle.register_pickle_by_value(module)
     return module
+
+
+def run_reference_in(namespace: dict, name: str) -> None:
+    """Execute ``solutions/NAME.py`` inside ``namespace`` (a module's ``globals()``).
+
+    For the deliberately wrong labs in ``tests/grading/wrong/``: such a file starts from the
+    reference and then redefines only the part it gets wrong, so the mistake is all it holds. The
+    reference's functions look names up in ``namespace``, so they call the wrong part too. The
+    file is executed, not imported, so the solutions blocker does not apply."""
+    path = repo_root() / "solutions" / f"{name}.py"
+    doc = namespace.get("__doc__")
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    namespace["__doc__"] = doc
