@@ -14,6 +14,8 @@ kind                   colour     meaning
 ``wait``               purple     the compute thread is blocked on a collective
 ``idle``               light grey nothing at all is running on the rank
 ``link``               brown      the simulated interconnect itself
+``late peer``          yellow     a transfer was modelled done, a peer had not
+                                  issued it yet (rank skew, simulated link)
 =====================  =========  ==============================================
 
 The colours come from the Okabe-Ito palette, chosen to stay distinguishable
@@ -29,6 +31,7 @@ MEMCPY = "#009E73"
 WAIT = "#CC79A7"
 IDLE = "#D9D9D9"
 LINK = "#8C564B"
+LATE_PEER = "#F0E442"
 OTHER = "#999999"
 
 #: Colour of each kind of time, keyed by the category names used by
@@ -41,6 +44,7 @@ PALETTE: dict[str, str] = {
     "wait": WAIT,
     "idle": IDLE,
     "link": LINK,
+    "late peer": LATE_PEER,
     "other": OTHER,
 }
 

@@ -161,3 +161,54 @@ def test_real_cpu_traces(mode):
     if mode == "async":      # a matmul runs while the all-reduce is in flight
         assert max(trace.overlap_pct(t) for t in run.traces) > 5
         assert trace.collectives(run, rank=0, within="backward")["all_reduce"]["count"] == 2
+
+
+# ---------------------------------------------------------------- rank skew on the simulated link
+
+def _skew_trace(tmp_path):
+    """One rank, times in µs.  The compute thread multiplies over [0, 100] and [170, 300].
+
+    * op 1 is on the link over [20, 50], hidden by the first matmul; its peer issues it late,
+      so the real op ends at 160: a late-peer span [50, 160];
+    * op 2 is on the link over [100, 130] while the rank is blocked in a wait [100, 170] (on
+      op 1, whose peer is late): exposed, but all of it skew;
+    * op 3 is on the link over [300, 340] and waited at once [300, 350]: 40 µs exposed by the
+      schedule itself (its late-peer span [340, 350] lies after the transfer).
+    """
+    import json
+
+    def x(name, ts, dur, tid, cat, **args):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid,
+                "cat": cat, "args": args}
+    late = "link: peers late"
+    events = [
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": "link", "args": {"name": "link"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": late, "args": {"name": late}},
+        x("aten::mm", 0, 100, 7, "cpu_op"), x("aten::mm", 170, 130, 7, "cpu_op"),
+        x("link_wait:all_reduce", 100, 70, 7, "user_annotation"),
+        x("link_wait:all_reduce", 300, 50, 7, "user_annotation"),
+        x("all_reduce", 20, 30, "link", "link", bytes=64, seq=1),
+        x("all_reduce", 100, 30, "link", "link", bytes=64, seq=2),
+        x("all_reduce", 300, 40, "link", "link", bytes=64, seq=3),
+        x("all_reduce: peers late", 50, 110, late, "link_late", seq=1),
+        x("all_reduce: peers late", 340, 10, late, "link_late", seq=3),
+    ]
+    path = tmp_path / "rank0.trace.json"
+    path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0}}))
+    return trace.load_trace(path)
+
+
+def test_exposed_time_while_a_peer_is_late_is_skew(tmp_path):
+    m = trace.analyse(_skew_trace(tmp_path))
+    assert (m.comm_us, m.overlap_us, m.exposed_comm_us) == (100, 30, 70)
+    assert m.skew_us == 30                       # op 2, blocked behind op 1's late peer
+    assert m.overlap_pct == approx(30.0)
+    assert m.overlap_pct_ex_skew == approx(60.0)  # op 3's immediate wait still counts
+    assert m.collectives == {"all_reduce": {"count": 3, "bytes": 192}}
+    assert m.compute_us == 230                   # late-peer spans are neither compute nor comm
+
+
+def test_late_peer_spans_drawn_on_their_own_row(tmp_path):
+    fig = trace.timeline_figure(_skew_trace(tmp_path))
+    late = [d for d in fig.data if d.name == "late peer"]
+    assert late and sorted(late[0].base.tolist()) == [50, 340]

@@ -15,6 +15,14 @@ which the compute thread was waiting) and *M* the union of memory copies
   *comm/comp overlap*.  It is ``None`` when there is no communication;
 * **exposed communication** = \\|C\\| − \\|C ∩ P\\| = \\|C \\ P\\|: the
   communication nothing hides, the time that a better overlap could win back;
+* **skew** = the part of the exposed communication that fell while a peer
+  was late: the rank had issued an op, its modelled transfer was over, and
+  the real operation could not finish until another rank issued it too
+  (``link: peers late`` spans, CPU runs on the simulated link only).  That
+  wait is set by the ranks' different speeds, not by the schedule, so
+  **overlap % excluding skew** = 100 · (\\|C ∩ P\\| + skew) / \\|C\\| is
+  what a schedule can be graded on.  A GPU trace has no such spans: skew
+  there is part of the NCCL kernel and counts as communication, as in HTA;
 * **idle time** = step time − \\|P ∪ C ∪ M\\|: nothing at all is running;
 * **wait time** = the union of the compute thread's waits (CPU traces).
 
@@ -49,7 +57,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import intervals as iv
-from .classify import COMM, COMPUTE, MEMCPY, STEP, WAIT, classify, collective_of, is_phase_range
+from .classify import (COMM, COMPUTE, LATE, MEMCPY, STEP, WAIT, classify, collective_of,
+                       is_phase_range)
 from .load import Trace, TraceError, as_run
 
 
@@ -64,15 +73,24 @@ class Metrics:
     memcpy_us: float = 0.0
     wait_us: float = 0.0
     idle_us: float = 0.0
+    skew_us: float = 0.0        # exposed communication while a peer was late (simulated link)
     collectives: dict = field(default_factory=dict)
 
     @property
     def overlap_pct(self) -> float | None:
         return 100.0 * self.overlap_us / self.comm_us if self.comm_us > 0 else None
 
+    @property
+    def overlap_pct_ex_skew(self) -> float | None:
+        """Overlap % counting the exposed time a late peer caused as hidden: the schedule's own
+        share, whatever the other ranks' speed."""
+        if self.comm_us <= 0:
+            return None
+        return 100.0 * (self.overlap_us + self.skew_us) / self.comm_us
+
     def add(self, other: "Metrics") -> None:
         for k in ("step_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us",
-                  "memcpy_us", "wait_us", "idle_us"):
+                  "memcpy_us", "wait_us", "idle_us", "skew_us"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
         _merge_collectives(self.collectives, other.collectives)
 
@@ -233,6 +251,10 @@ def _metrics(trace: Trace, sel: np.ndarray, window: tuple[float, float] | None,
     m.comm_us = iv.measure(comm)
     m.overlap_us = iv.measure(iv.intersect(comm, all_compute(trace)))
     m.exposed_comm_us = m.comm_us - m.overlap_us
+    late = kinds == LATE
+    if late.any():
+        m.skew_us = iv.measure(iv.intersect(iv.subtract(comm, all_compute(trace)),
+                                            iv.union(s[late], e[late])))
     m.memcpy_us = iv.measure(mem)
     m.wait_us = iv.measure(wait)
     busy = iv.join(iv.join(comp, comm), mem)

@@ -10,7 +10,10 @@ backend, link, hardware) from rank 0. The profiler records CPU activity (and CUD
 GPU is in use). On a simulated link it sees only gloo's real, tiny transfers, so the capture adds
 what the link modelled as a track of its own: a thread named ``link`` with one span per
 operation (name, bytes, modelled time), placed where the link carried it. Time spent *waiting*
-for the link shows on the compute thread as ``link_wait:<op>`` ranges (``workbook.link``).
+for the link shows on the compute thread as ``link_wait:<op>`` ranges (``workbook.link``), and
+where an op's real transfer finished after its modelled end (a peer issued it late), a thread
+``link: peers late`` holds a span from the modelled end to the real finish: rank skew, drawn and
+counted apart from the communication itself (``Metrics.skew_us``).
 
 Clocks: the profiler stamps events with its own clock, the link with ``time.perf_counter_ns``.
 A marker range recorded at a known ``perf_counter_ns`` ties the two together.
@@ -70,9 +73,19 @@ def run_metadata(lab: str, run_id: str) -> dict:
             "hardware": hardware(), "torch": torch.__version__, "created": time.time()}
 
 
+#: The thread on which the late-peer spans are drawn.
+LATE_TID = "link: peers late"
+
+
 def link_events(records, pid, offset_us: float, since_ns: int) -> list[dict]:
-    """The link's operations as Chrome-trace spans on a thread named ``link``."""
-    events = [{"ph": "M", "name": "thread_name", "pid": pid, "tid": "link", "args": {"name": "link"}}]
+    """The link's operations as Chrome-trace spans on a thread named ``link``.
+
+    An op whose real gloo transfer finished after its modelled end (a peer issued it late, or
+    loopback gloo was slower than the model) also gets a span from the modelled end to the real
+    finish on a second thread, ``link: peers late``: the rank skew the analysis sets apart."""
+    events = [{"ph": "M", "name": "thread_name", "pid": pid, "tid": "link", "args": {"name": "link"}},
+              {"ph": "M", "name": "thread_name", "pid": pid, "tid": LATE_TID,
+               "args": {"name": LATE_TID}}]
     for r in records:
         if r.end_ns < since_ns or r.modelled_ns == 0:
             continue
@@ -81,6 +94,10 @@ def link_events(records, pid, offset_us: float, since_ns: int) -> list[dict]:
                        "args": {"bytes": r.size_bytes, "seq": r.seq, "group_size": r.group_size,
                                 "modelled_us": r.modelled_ns / 1000, "async": r.async_op,
                                 "issued_ts": r.issued_ns / 1000 + offset_us}})
+        if r.arrival_ns > r.end_ns:
+            events.append({"ph": "X", "cat": "link_late", "name": f"{r.op}: peers late",
+                           "pid": pid, "tid": LATE_TID, "ts": r.end_ns / 1000 + offset_us,
+                           "dur": (r.arrival_ns - r.end_ns) / 1000, "args": {"seq": r.seq}})
     return events
 
 

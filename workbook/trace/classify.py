@@ -16,6 +16,9 @@ On a GPU (the trace holds ``kernel`` events)
 On a CPU (no kernels: the course's laptop labs over gloo)
     * spans on the ``link`` thread (category ``link``), written by the
       workbook's simulated interconnect, are **communication**;
+    * ``link_late`` spans (thread ``link: peers late``) are **late peer**:
+      an op had finished its modelled transfer but a peer had not issued it
+      yet, so the real operation could not end (rank skew);
     * ``gloo:*`` spans, on gloo's own threads, are **communication** *only
       when the rank has no link track*: with the simulated link the gloo
       spans are the real (fast, local) transfer underneath the modelled one,
@@ -45,9 +48,10 @@ import numpy as np
 
 from .load import Trace
 
-COMPUTE, COMM, MEMCPY, WAIT, STEP, HOST, OTHER, RANGE = range(8)
+COMPUTE, COMM, MEMCPY, WAIT, STEP, HOST, OTHER, RANGE, LATE = range(9)
 #: Human names of the category codes, indexable by code.
-KINDS = ("compute", "communication", "memcpy", "wait", "step", "host", "other", "range")
+KINDS = ("compute", "communication", "memcpy", "wait", "step", "host", "other", "range",
+         "late peer")
 
 _WAIT_PREFIXES = ("link_wait:", "c10d::", "nccl:", "record_param_comms")
 _USER_CATS = ("user_annotation", "gpu_user_annotation")
@@ -134,6 +138,8 @@ def _demote_wrapping_ranges(trace: Trace, kinds: np.ndarray) -> None:
 
 
 def _rule(name: str, cat: str, on_link: bool, gpu: bool, link: bool) -> int:
+    if cat == "link_late":
+        return LATE
     if cat == "link" or on_link:
         return COMM
     if name.startswith("gloo:"):

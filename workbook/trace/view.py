@@ -26,11 +26,11 @@ import numpy as np
 from .. import colors
 from . import intervals as iv
 from .analyse import all_compute, analyse, step_metrics
-from .classify import COMM, COMPUTE, KINDS, MEMCPY, WAIT, classify, collective_of
+from .classify import COMM, COMPUTE, KINDS, LATE, MEMCPY, WAIT, classify, collective_of
 from .load import Trace, TraceError, as_run
 
 BAR_LIMIT = 5000
-_DRAWN = (COMPUTE, COMM, MEMCPY, WAIT)
+_DRAWN = (COMPUTE, COMM, MEMCPY, WAIT, LATE)
 
 
 def _top_level(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -70,7 +70,7 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
     zero = min(t.origin_us + windows[id(t)][0] for t in chosen)
     rows: list[str] = []
     seg: dict[str, list] = {k: [[], [], [], []] for k in ("compute", "communication", "memcpy",
-                                                            "wait", "exposed")}
+                                                            "wait", "late peer", "exposed")}
 
     def add(kind, row, s, e, text):
         lst = seg[kind]
@@ -157,7 +157,7 @@ def metrics_table_html(traces, step=None, ranks=None) -> str:
     """An HTML table of the per-rank metrics (used by the explorer and the report)."""
     run = as_run(traces)
     head = ("rank", "device", "step µs", "compute µs", "comm µs", "overlap %",
-            "exposed comm µs", "wait µs", "idle µs")
+            "exposed comm µs", "of which late peer µs", "wait µs", "idle µs")
     rows = []
     for t in run.traces:
         if ranks is not None and t.rank not in ranks:
@@ -165,7 +165,7 @@ def metrics_table_html(traces, step=None, ranks=None) -> str:
         m = analyse(t, step=step)
         pct = "–" if m.overlap_pct is None else f"{m.overlap_pct:.1f}"
         cells = (t.rank, m.device, f"{m.step_us:,.1f}", f"{m.compute_us:,.1f}", f"{m.comm_us:,.1f}",
-                 pct, f"{m.exposed_comm_us:,.1f}", f"{m.wait_us:,.1f}", f"{m.idle_us:,.1f}")
+                 pct, f"{m.exposed_comm_us:,.1f}", f"{m.skew_us:,.1f}", f"{m.wait_us:,.1f}", f"{m.idle_us:,.1f}")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return ("<table class='wb-metrics'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
             + "".join(rows) + "</table>")
