@@ -12,7 +12,8 @@ that fell while the other rank was late (its op not issued yet: ``Metrics.skew_u
 against the schedule: two CPU ranks drift apart by a few hundred ms over a backward pass on a busy
 machine, and whichever rank is ahead then waits, however well its lab overlaps. Before
 measuring, the link is re-calibrated to the machine's current matmul rate (a busy machine slows
-compute and link alike), and a disturbed measurement is retried once.
+compute and link alike), and a measurement that falls short by less than 25 points is
+taken once more.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from workbook.grading.checks import assert_equal_on_rank
 
 FWD_THRESHOLD_PCT = 90.0
 BWD_THRESHOLD_PCT = 80.0
+RETRY_MARGIN_PCT = 25.0      # a measurement this close below a threshold is taken again
 LINK = "dgx-h100"
 TIMEOUT_S = 120.0
 TOL = dict(rtol=1e-9, atol=1e-12)
@@ -230,7 +232,7 @@ def _overlap_results(tmp_root) -> list[dict]:
                                      timeout=TIMEOUT_S)
             if best is None or _score(res) > _score(best):
                 best = res
-            if _passes(best, "forward") and _passes(best, "backward"):
+            if not _near_miss(best):
                 break
         return best
     return _cached(("overlap",), measure)
@@ -248,6 +250,14 @@ def _score(res) -> float:
 
 def _passes(res, phase) -> bool:
     return _pct(res, phase) >= (FWD_THRESHOLD_PCT if phase == "forward" else BWD_THRESHOLD_PCT)
+
+
+def _near_miss(res) -> bool:
+    """Worth measuring again: some pass fell short, but by less than a busy machine can take
+    off (a schedule that waits at once hides next to nothing, and measuring again cannot help)."""
+    short = [(FWD_THRESHOLD_PCT if ph == "forward" else BWD_THRESHOLD_PCT) - _pct(res, ph)
+             for ph in ("forward", "backward") if not _passes(res, ph)]
+    return bool(short) and max(short) < RETRY_MARGIN_PCT
 
 
 def _check_overlap(phase: str, tmp_root) -> None:
