@@ -8,17 +8,9 @@ link to the reference lab 4, which the sp grader compares with.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
-from importlib.metadata import entry_points
-from pathlib import Path
-
 import pytest
+from wrong_labs import assert_caught, grade
 
-ROOT = Path(__file__).resolve().parents[2]
-GRADING = ROOT / "tests" / "grading"
 TRACE_TP = ("test_tp_block_pattern_from_trace[2]", "test_tp_block_pattern_from_trace[3]")
 
 # folder -> (grading file, {failing test: words its message must contain}, words no message may hold)
@@ -58,47 +50,9 @@ CASES = {
 }
 
 
-def _plugin_args() -> list[str]:
-    names = {ep.value for ep in entry_points(group="pytest11")}
-    return [] if any(v.startswith("workbook.grading.plugin") for v in names) else \
-        ["-p", "workbook.grading.plugin"]
-
-
-def _grade(folder: Path, test_file: str, tmp_path: Path) -> dict[str, str | None]:
-    """{test name: failure message, or None if it passed}."""
-    junit = tmp_path / "junit.xml"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    env.pop("WORKBOOK_IMPL", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *_plugin_args(), "--impl", str(folder),
-         str(GRADING / test_file), "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
-    assert junit.exists(), f"pytest did not run:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    outcome = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        failure = case.find("failure")
-        if failure is None:
-            failure = case.find("error")
-        outcome[case.get("name")] = None if failure is None else \
-            (failure.get("message") or "") + "\n" + (failure.text or "")
-    return outcome
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("folder", sorted(CASES))
 def test_wrong_tp_sp_is_caught(folder, tmp_path):
     test_file, expected, never = CASES[folder]
-    outcome = _grade(GRADING / "wrong" / folder, test_file, tmp_path)
-    assert outcome, "no grading test ran"
-    failed = {name for name, message in outcome.items() if message is not None}
-    assert failed == set(expected), (
-        f"{folder}: expected exactly {sorted(expected)} to fail, got {sorted(failed)}")
-    for name, words in expected.items():
-        message = outcome[name]
-        first = message.split("\n", 1)[0]
-        assert "not implemented yet" not in message
-        for word in words:
-            assert word in message, f"{folder}: {name}'s message lacks {word!r}:\n{message[:1500]}"
-        for word in never:
-            assert word not in first, f"{folder}: {name}'s message says {word!r}:\n{first[:500]}"
+    assert_caught(folder, grade(folder, test_file, tmp_path / "junit.xml", timeout=280),
+                  expected, never)

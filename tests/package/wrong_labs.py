@@ -1,0 +1,63 @@
+"""Grading a deliberately wrong lab the way a course's CI would, and checking what it failed.
+
+Shared by the ``test_*_wrong_caught.py`` modules: each folder of tests/grading/wrong/ is graded in
+a pytest subprocess (``--impl tests/grading/wrong/X``), its JUnit XML read back, and the test
+checks that exactly the expected grading tests failed, each with a message that teaches.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from importlib.metadata import entry_points
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GRADING = ROOT / "tests" / "grading"
+WRONG = GRADING / "wrong"
+
+
+def _plugin_args() -> list[str]:
+    """``-p workbook.grading.plugin`` unless the installed package already registers it."""
+    names = {ep.value for ep in entry_points(group="pytest11")}
+    return [] if any(v.startswith("workbook.grading.plugin") for v in names) else \
+        ["-p", "workbook.grading.plugin"]
+
+
+def grade(folder: str, test_file: str, junit: Path, timeout: float = 300) -> dict[str, str | None]:
+    """Grade ``tests/grading/wrong/FOLDER`` with ``tests/grading/TEST_FILE``:
+    ``{test name: failure message, or None if it passed}``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.pop("WORKBOOK_IMPL", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *_plugin_args(), "--impl", str(WRONG / folder),
+         str(GRADING / test_file), "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert junit.exists(), f"pytest did not run for {folder}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    outcome = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        outcome[case.get("name")] = None if failure is None else \
+            (failure.get("message") or "") + "\n" + (failure.text or "")
+    return outcome
+
+
+def assert_caught(folder: str, outcome: dict, expected: dict, never=()) -> None:
+    """Exactly the tests of ``expected`` failed, each message holding its words (and not
+    "not implemented yet"); no first line of a message holds a word of ``never``."""
+    assert outcome, "no grading test ran"
+    failed = {name for name, message in outcome.items() if message is not None}
+    assert failed == set(expected), (
+        f"{folder}: expected exactly {sorted(expected)} to fail, got {sorted(failed)}")
+    for name, words in expected.items():
+        message = outcome[name]
+        first = message.split("\n", 1)[0]
+        assert "not implemented yet" not in message
+        for word in words:
+            assert word in message, f"{folder}: {name}'s message lacks {word!r}:\n{message[:1500]}"
+        for word in never:
+            assert word not in first, f"{folder}: {name}'s message says {word!r}:\n{first[:500]}"
