@@ -12,14 +12,12 @@
 from __future__ import annotations
 
 import argparse
-import functools
-import inspect
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from workbook.grading.labs import LABS, impl_dir, repo_root
+from workbook.selfcheck import DEFAULT_TIMEOUT_S
 
 
 def cmd_doctor(args) -> int:
@@ -48,35 +46,10 @@ def cmd_doctor(args) -> int:
     return 0
 
 
-def _traced_self_check(self_check, trace_dir: str, lab: str):
-    from workbook.trace.capture import rank_trace
-    with rank_trace(trace_dir, lab=lab):
-        return self_check()
-
-
 def cmd_run(args) -> int:
-    from workbook import launch
-    from workbook.grading.labs import load_lab
-    if args.lab not in LABS:
-        raise ValueError(f"unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
-    module = load_lab(args.lab, args.impl)
-    fn, kwargs = module.self_check, {}
-    if args.trace_dir:
-        trace_dir = str(Path(args.trace_dir).resolve())
-        if "trace_dir" in inspect.signature(fn).parameters:     # the lab traces what it chooses
-            kwargs["trace_dir"] = trace_dir
-        else:                                                   # else the whole self-check
-            fn = functools.partial(_traced_self_check, fn, trace_dir, args.lab)
-    results = launch.run(fn, args.nproc, backend=args.backend, link=args.link,
-                         timeout=args.timeout, **kwargs)
-    describe = getattr(module, "describe", None)
-    print(describe(results) if describe else results)
-    if args.link != "none":
-        print(f"(times on the simulated {args.link} link, not measured hardware)")
-    if args.trace_dir and any(Path(args.trace_dir).glob("rank*.trace.json*")):
-        from workbook.trace.report import write_report
-        print(f"traces: {args.trace_dir}\ntrace report: {write_report(args.trace_dir, Path(args.trace_dir) / 'report.html')}")
-    return 0
+    from workbook.selfcheck import self_check
+    return self_check(args.lab, impl=args.impl, nproc=args.nproc, timeout=args.timeout,
+                      link=args.link, trace_dir=args.trace_dir)
 
 
 def cmd_grade(args) -> int:
@@ -91,10 +64,7 @@ def cmd_grade(args) -> int:
     impl_dir(args.impl)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(repo_root())] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
-    code = subprocess.call(cmd + args.pytest_args, cwd=repo_root(), env=env)
-    if code in (0, 1):
-        return code if args.strict else 0
-    return code
+    return subprocess.call(cmd + args.pytest_args, cwd=repo_root(), env=env)
 
 
 def cmd_assign(args) -> int:
@@ -119,6 +89,15 @@ def cmd_demo(args) -> int:
     return run_demo(args.nproc, args.link, args.out)
 
 
+def _link_preset(name: str) -> str:
+    """argparse type for --link: a preset name, else the one-line error every bad input gets."""
+    from workbook import link
+    if name not in link.preset_names():
+        raise argparse.ArgumentTypeError(f"unknown link preset {name!r}: choose one of "
+                                         f"{', '.join(link.preset_names())}")
+    return name
+
+
 def build_parser() -> argparse.ArgumentParser:
     from workbook import link
     parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
@@ -130,25 +109,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="4 CPU ranks run every collective, traced")
     p.add_argument("--nproc", type=int, default=4)
-    p.add_argument("--link", default="dgx-h100", choices=link.preset_names())
+    p.add_argument("--link", default="dgx-h100", type=_link_preset,
+                   help=f"simulated link: {', '.join(link.preset_names())}")
     p.add_argument("--out", default="runs/demo", help="run directory for traces and report")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("run", help="run a lab's self-check on N ranks")
+    p = sub.add_parser(
+        "run", help="self-check a lab: the grader's checks, with its messages",
+        description="Run the grader's checks of LAB on your lab file and print a verdict per "
+                    "check, then the lab's figures. Exit status: 0 every check passed; 1 a check "
+                    "failed or is not implemented yet; 2 a hang (each rank's last collective is "
+                    "reported) or a usage error.")
     p.add_argument("lab", help=", ".join(LABS))
-    p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--backend", choices=["gloo", "nccl"], default=None)
-    p.add_argument("--link", default="none", choices=link.preset_names())
+    p.add_argument("--nproc", type=int, default=None,
+                   help="check on N ranks only (default: every world size the grader uses)")
+    p.add_argument("--link", default="none", type=_link_preset,
+                   help=f"simulated link for the figures: {', '.join(link.preset_names())}")
     p.add_argument("--impl", default="labs", help="labs (default), solutions, or a folder")
-    p.add_argument("--trace-dir", default=None, help="write per-rank traces here")
-    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--trace-dir", default=None, help="write the figures' per-rank traces here")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds one run may take before it counts as a hang and each rank's "
+                        f"last collective is reported (default {DEFAULT_TIMEOUT_S:g})")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("grade", help="grade the labs with points")
+    p = sub.add_parser("grade", help="grade the labs with points",
+                       description="Grade with points: one line per test, each failure once with "
+                                   "its full message (-- -v for pytest's details). Exit status 0 "
+                                   "when every test passes, 1 otherwise.")
     p.add_argument("--impl", default="labs", help="labs (default), solutions, or a folder")
     p.add_argument("--lab", default=None, help=", ".join(LABS))
     p.add_argument("--gradescope", default=None, metavar="PATH", help="write results.json here")
-    p.add_argument("--strict", action="store_true", help="exit 1 unless every test passes")
+    p.add_argument("--strict", action="store_true",
+                   help="(the default now: exit 1 unless every test passes; kept for old scripts)")
     p.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
     p.set_defaults(func=cmd_grade)
 

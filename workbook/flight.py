@@ -73,6 +73,7 @@ class FlightRecorder:
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self.slot: memoryview | None = None
+        self.state: dict = {"state": "idle"}    # what the slot holds, kept in-process too (torchrun)
         self._depth = threading.local()
         self._installed = False
 
@@ -91,6 +92,7 @@ class FlightRecorder:
         return out
 
     def _write(self, payload: dict) -> None:
+        self.state = payload
         if self.slot is None:
             return
         data = json.dumps(payload).encode()[: SLOT_BYTES - 1]

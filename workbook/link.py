@@ -186,6 +186,7 @@ class OpRecord:
     start_ns: int = 0        # the link starts carrying it: issued, or later if the link is busy
     end_ns: int = 0          # modelled completion: start + modelled
     arrival_ns: int = 0      # the real gloo op completed (every peer had arrived): skew shows here
+    first_wait_ns: int = 0   # the rank first waited on it (0: never): the schedule's structure
 
 
 class _LinkState:
@@ -234,6 +235,8 @@ class LinkWork(dist._Work):
     def wait(self, timeout=None):
         if self._record is None:
             return self._inner.wait()
+        if not self._record.first_wait_ns:
+            self._record.first_wait_ns = time.perf_counter_ns()
         # the whole wait is blocked time on the compute thread: a late peer (the real gloo op)
         # and the modelled transfer alike, so the trace never counts it as compute
         with torch.profiler.record_function(f"link_wait:{self._record.op}"):

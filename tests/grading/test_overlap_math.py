@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from workbook import launch
 from workbook.grading import load_lab
+from workbook.grading.engine import on_ranks, world_sizes
+from workbook.grading.timing import STRUCTURAL, measure_until_clear
 
 H100 = dict(flops=790e12, bandwidth_Bps=900e9, latency_s=2e-6)
 
@@ -81,28 +82,51 @@ def measured_on_link(trace_dir):
     return steps
 
 
+def _measure(trace_dir) -> dict:
+    """One traced run on 3 simulated-link ranks, with each rank's problem (None when right):
+    the link spans are the model's, so a wrong prediction is structural; the compute time is
+    measured, so a miss there is noise worth measuring again."""
+    from workbook import link as link_module
+    L = lab()
+    n, = world_sizes(3)
+    res = on_ranks(n, measured_on_link, str(trace_dir), link="dgx-h100", timeout=120,
+                   key=("measured", str(trace_dir)))
+    meta = json.loads((trace_dir / "run.json").read_text())["link"]
+    sim = link_module.make_link("dgx-h100", meta["local_gflops"] * 1e9)
+    hw = L.simulated_hardware(sim)
+    out = {"structure": None, "timing": None}
+    for rank in range(n):
+        events = json.loads((trace_dir / f"rank{rank}.trace.json").read_text())["traceEvents"]
+        spans = [e for e in events if e.get("cat") == "link" and e["name"] == "all_reduce"]
+        if len(spans) != 5:
+            out["structure"] = f"rank {rank}: expected 5 all-reduce spans on the link, got {len(spans)}"
+            return out
+        for s in spans:
+            predicted = L.collective_time("all_reduce", s["args"]["bytes"], n, hw) * 1e6
+            if not s["dur"] == pytest.approx(predicted, rel=0.02):
+                out["structure"] = (f"rank {rank}: all_reduce of {s['args']['bytes']} B lasted "
+                                    f"{s['dur']:.0f} us on the link, collective_time predicts "
+                                    f"{predicted:.0f} us")
+                return out
+        measured = sorted(r["compute_s"] for r in res[rank])[2]
+        predicted = L.compute_time(res[rank][0]["flops"], hw)
+        if not (math.isfinite(predicted) and predicted / 3 < measured < predicted * 3):
+            out["timing"] = (f"rank {rank}: compute predicted {predicted * 1e3:.2f} ms, measured "
+                             f"{measured * 1e3:.2f} ms (median of 5 steps); they should agree "
+                             f"within a factor of 3")
+    return out
+
+
 @pytest.mark.points(3)
 def test_predictions_match_the_measured_trace(tmp_path):
     """On 3 ranks (where the bus factor is not 1), every collective the trace shows on the link
-    lasts what collective_time predicts (±2%),
-    and the predicted compute time is within a factor of 3 of the measured median."""
-    from workbook import link as link_module
-    L = lab()
-    res = launch.shared_pool(3, "gloo").run(measured_on_link, str(tmp_path), link="dgx-h100",
-                                             timeout=120)
-    meta = json.loads((tmp_path / "run.json").read_text())["link"]
-    sim = link_module.make_link("dgx-h100", meta["local_gflops"] * 1e9)
-    hw = L.simulated_hardware(sim)
-    for rank in (0, 1, 2):
-        events = json.loads((tmp_path / f"rank{rank}.trace.json").read_text())["traceEvents"]
-        spans = [e for e in events if e.get("cat") == "link" and e["name"] == "all_reduce"]
-        assert len(spans) == 5, f"rank {rank}: expected 5 all-reduce spans on the link, got {len(spans)}"
-        for s in spans:
-            predicted = L.collective_time("all_reduce", s["args"]["bytes"], 3, hw) * 1e6
-            assert s["dur"] == pytest.approx(predicted, rel=0.02), (
-                f"rank {rank}: all_reduce of {s['args']['bytes']} B lasted {s['dur']:.0f} us on the "
-                f"link, collective_time predicts {predicted:.0f} us")
-        measured = sorted(r["compute_s"] for r in res[rank])[2]
-        predicted = L.compute_time(res[rank][0]["flops"], hw)
-        assert math.isfinite(predicted) and predicted / 3 < measured < predicted * 3, (
-            f"rank {rank}: compute predicted {predicted * 1e3:.2f} ms, measured {measured * 1e3:.2f} ms")
+    lasts what collective_time predicts (±2%), and the predicted compute time is within a factor
+    of 3 of the measured median (measured again after a miss: ``workbook.grading.timing``)."""
+    def run(k):
+        (tmp_path / str(k)).mkdir()
+        return _measure(tmp_path / str(k))
+
+    out = measure_until_clear(run, lambda o: STRUCTURAL if o["structure"] else
+                              (1.0 if o["timing"] else 0.0))
+    if out["structure"] or out["timing"]:
+        raise AssertionError(out["structure"] or out["timing"])

@@ -24,6 +24,8 @@ import traceback
 import pytest
 import torch
 
+from workbook.grading.engine import on_ranks, world_sizes
+
 TIMEOUT_S = 120.0
 B = 2
 STEP = 3
@@ -302,7 +304,6 @@ def _run_traced(trace_dir: str) -> dict:
 
 
 # --------------------------------------------------------------------------- test side
-_RUNS: dict = {}
 _REFS: dict = {}
 
 
@@ -311,18 +312,7 @@ def _ranks(n):
 
 
 def _pool_run(key, n, fn, *args, link="none"):
-    from workbook.grading.labs import ENV_IMPL
-    from workbook.launch import shared_pool
-    key = (key, n, os.environ.get(ENV_IMPL))
-    if key not in _RUNS:
-        try:
-            _RUNS[key] = ("ok", shared_pool(n).run(fn, *args, link=link, timeout=TIMEOUT_S))
-        except BaseException as exc:          # noqa: BLE001
-            _RUNS[key] = ("err", exc)
-    kind, value = _RUNS[key]
-    if kind == "err":
-        raise value
-    return value
+    return on_ranks(n, fn, *args, link=link, timeout=TIMEOUT_S, key=key)
 
 
 def _results(n):
@@ -400,7 +390,7 @@ def _check_grads(got, expected, *, rank, n, where, tol, against="the reference")
 
 
 def _check_part(part: str):
-    for n in (1, 2, 3, 4):
+    for n in world_sizes(1, 2, 3, 4):
         results = _results(n)
         for tag, cfg in _configs(n):
             tol = _tol(cfg)
@@ -427,7 +417,7 @@ def _check_part(part: str):
 @pytest.mark.points(3)
 def test_sequence_ops():
     """All-gather / reduce-scatter along the sequence and their conjugate backwards, exactly."""
-    for n in (1, 2, 3, 4):
+    for n in world_sizes(1, 2, 3, 4):
         for rank, res in enumerate(_results(n)):
             _raise_if_failed(res["ops"], rank, n, "the sequence-parallel ops")
             full, shard = (B, 4 * n, 6), (B, 4, 6)
@@ -479,7 +469,7 @@ def test_sp_model():
 @pytest.mark.points(1)
 def test_sp_matches_tp_lab():
     """The SP model's loss and gradients equal lab 4's TP model's (same folder)."""
-    for n in (2, 3, 4):
+    for n in world_sizes(2, 3, 4):
         for tag, cfg in _configs(n):
             tol = _tol(cfg)
             for rank, res in enumerate(_results(n)):
@@ -496,7 +486,7 @@ def test_sp_matches_tp_lab():
 def test_activation_memory():
     """Bytes saved for backward by one block: the parallel regions (attention, MLP) as in TP,
     the rest (norms, dropout, residual) divided by n. Predicted SP = TP_parallel + TP_rest / n."""
-    for n in (2, 3, 4):
+    for n in world_sizes(2, 3, 4):
         for tag, cfg in _configs(n):
             if "fp32" in tag:
                 continue
@@ -575,7 +565,7 @@ def test_sp_block_pattern_from_trace(n, tmp_path):
 @pytest.mark.points(1)
 def test_sp_divisibility_error():
     """A sequence length that does not split over tp is a one-line ValueError naming it."""
-    for n in (3, 4):
+    for n in world_sizes(3, 4):
         for rank, res in enumerate(_results(n)):
             info = res["divisibility"]
             if info["good"] and "not_implemented" in info["good"]:

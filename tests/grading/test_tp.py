@@ -19,6 +19,8 @@ import traceback
 import pytest
 import torch
 
+from workbook.grading.engine import on_ranks, world_sizes
+
 TIMEOUT_S = 120.0
 B = 2                                            # batch of every case
 STEP = 3                                         # dropout step of the block and model cases
@@ -262,7 +264,6 @@ def _run_traced(trace_dir: str) -> dict:
 
 
 # --------------------------------------------------------------------------- test side
-_RUNS: dict = {}
 _REFS: dict = {}
 
 
@@ -271,18 +272,7 @@ def _ranks(n):
 
 
 def _pool_run(key, n, fn, *args, link="none"):
-    from workbook.grading.labs import ENV_IMPL
-    from workbook.launch import shared_pool
-    key = (key, n, os.environ.get(ENV_IMPL))
-    if key not in _RUNS:
-        try:
-            _RUNS[key] = ("ok", shared_pool(n).run(fn, *args, link=link, timeout=TIMEOUT_S))
-        except BaseException as exc:          # noqa: BLE001 - replayed by every test that needs it
-            _RUNS[key] = ("err", exc)
-    kind, value = _RUNS[key]
-    if kind == "err":
-        raise value
-    return value
+    return on_ranks(n, fn, *args, link=link, timeout=TIMEOUT_S, key=key)
 
 
 def _results(n):
@@ -362,7 +352,7 @@ def _check_grads(got: dict, expected: dict, *, rank, n, where, tol):
 
 
 def _check_part(part: str):
-    for n in (1, 2, 3, 4):
+    for n in world_sizes(1, 2, 3, 4):
         results = _results(n)
         for tag, cfg in _configs(n):
             tol = _tol(cfg)
@@ -389,7 +379,7 @@ def _check_part(part: str):
 @pytest.mark.points(3)
 def test_conjugate_ops():
     """f, g, scatter and gather: forward values and backward gradients, exactly."""
-    for n in (1, 2, 3, 4):
+    for n in world_sizes(1, 2, 3, 4):
         for rank, res in enumerate(_results(n)):
             _raise_if_failed(res["ops"], rank, n, "the conjugate ops")
             shape = (B, 4, 6 * n)
@@ -451,7 +441,7 @@ def test_tp_model_collectives():
     """From the flight recorder: forward = 2 all-reduces of B*S*H per block + 1 (embedding)
     + a few small ones of B*S numbers (the cross-entropy); backward = 2 per block + 1 (the
     head's f); nothing else, and no rank holds logits as wide as the vocabulary."""
-    for n in (2, 3, 4):
+    for n in world_sizes(2, 3, 4):
         for tag, cfg in _configs(n):
             bsh = B * cfg.seq_len * cfg.hidden * cfg.torch_dtype.itemsize
             bs = B * cfg.seq_len * cfg.torch_dtype.itemsize
@@ -527,7 +517,7 @@ def test_tp_block_pattern_from_trace(n, tmp_path):
 @pytest.mark.points(1)
 def test_divisibility_error():
     """Shapes that do not split over tp give a one-line ValueError naming the field."""
-    for n in (3, 4):
+    for n in world_sizes(3, 4):
         for rank, res in enumerate(_results(n)):
             if res["builds"] and "not_implemented" in res["builds"]:
                 raise NotImplementedError(res["builds"]["not_implemented"])

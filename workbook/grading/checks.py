@@ -139,3 +139,13 @@ def count_rounds(calls_by_rank: list[list[tuple[str, int | None]]]) -> int:
                 position[rank] += 1
                 progress = True
     return max(ends.values(), default=0)
+
+
+def numbers_first(check_numbers, name: str) -> None:
+    """A pattern earns points only for a correct result: run ``check_numbers`` (the numbers
+    test of the same build) first, and fail, pointing at it, while it fails."""
+    try:
+        check_numbers()
+    except AssertionError:
+        raise AssertionError(f"not graded while the results are wrong: fix {name} first "
+                             f"(a message pattern earns points only for a correct result)") from None

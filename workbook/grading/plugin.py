@@ -5,6 +5,9 @@
 * at the end, a table of every graded test with its points, and the total;
 * ``--gradescope results.json``: the same in Gradescope's autograder format (a test that errors
   in setup scores 0 of its points);
+* every failure is listed once, in the score table, with its full message (the same message
+  the self-check prints, ``workbook.grading.engine.verdict_for``); pytest's traceback of the
+  grader's own code shows only with ``-v``;
 * a learner's unfinished TODO (``NotImplementedError`` from a generated stub) is reported as one
   line, ``not implemented yet: <lab>.<function>``, not as a stack dump.
 """
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from workbook.grading.engine import verdict_for
 from workbook.grading.labs import ENV_IMPL, block_solutions, impl_dir
 
 _RESULTS_KEY = pytest.StashKey[dict]()
@@ -39,16 +43,21 @@ def pytest_configure(config):
     config.stash[_RESULTS_KEY] = {}
 
 
-def _not_implemented(excinfo) -> str | None:
-    """The 'not implemented yet: lab.function' line, if this failure is an unfinished stub."""
-    exc = excinfo.value if excinfo else None
-    seen = 0
-    while exc is not None and seen < 5:
-        if isinstance(exc, NotImplementedError):
-            text = str(exc).strip() or "not implemented yet"
-            return text if text.startswith("not implemented yet") else f"not implemented yet: {text}"
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return None
+def _label(item) -> str:
+    """``collectives::reduce_pattern`` for ``tests/grading/test_collectives.py::test_reduce_pattern``."""
+    module = item.path.stem.removeprefix("test_") if hasattr(item, "path") else ""
+    return f"{module}::{item.name.removeprefix('test_')}"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """A grading run prints each failure once, as its message: in the score table (pytest's own
+    failure section and short summary are turned off unless ``-v`` asks for the details)."""
+    if config.option.verbose > 0 or not any(i.get_closest_marker("points") for i in items):
+        return
+    config.option.tbstyle = "no"
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.reportchars = ""
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -59,23 +68,21 @@ def pytest_runtest_makereport(item, call):
     if marker is None:
         return
     points = float(marker.args[0]) if marker.args else 1.0
-    stub = _not_implemented(call.excinfo) if call.excinfo else None
-    if stub and report.failed:
-        report.longrepr = stub
     results = item.config.stash[_RESULTS_KEY]
-    entry = results.setdefault(item.nodeid, {"name": item.nodeid, "max_score": points,
+    entry = results.setdefault(item.nodeid, {"name": _label(item), "max_score": points,
                                              "score": points, "status": "passed", "output": ""})
-    if report.failed or (report.skipped and report.when != "teardown"):
-        entry.update(score=0.0, status="failed",
-                     output=stub or _short(report))
-
-
-def _short(report) -> str:
+    if not (report.failed or (report.skipped and report.when != "teardown")):
+        return
     if report.skipped:
-        return f"skipped: {report.longrepr[2] if isinstance(report.longrepr, tuple) else ''}"
-    text = getattr(report, "longreprtext", "") or str(report.longrepr)
-    lines = [ln for ln in text.splitlines() if ln.startswith("E ")]
-    return "\n".join(ln[2:].strip() for ln in lines[-12:]) or text[-2000:]
+        message = f"skipped: {report.longrepr[2] if isinstance(report.longrepr, tuple) else ''}"
+    else:
+        exc = call.excinfo.value if call.excinfo else None
+        message = verdict_for("", entry["name"], points, exc).message if exc is not None \
+            else str(report.longrepr)
+        if item.config.option.verbose <= 0:
+            report.longrepr = message
+    if entry["status"] == "passed":                 # the first failing phase says why
+        entry.update(score=0.0, status="failed", output=message)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -84,14 +91,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     tr = terminalreporter
     tr.section(f"score ({os.environ.get(ENV_IMPL, 'labs')})")
-    width = min(70, max(len(n) for n in results))
+    width = max(len(r["name"]) for r in results.values())
+    shown: dict[str, str] = {}
     for r in results.values():
-        name = r["name"] if len(r["name"]) <= width else "..." + r["name"][-width + 3:]
-        line = f"{name:<{width}}  {r['score']:>5g} / {r['max_score']:<4g}"
-        if r["status"] != "passed":
-            first = (r["output"].splitlines() or [""])[0]
-            line += f"  {first[:100]}"
-        tr.write_line(line)
+        mark = "" if r["status"] == "passed" else "  FAILED"
+        tr.write_line(f"{r['name']:<{width}}  {r['score']:>5g} / {r['max_score']:<4g}{mark}")
+        if r["status"] == "passed":
+            continue
+        if r["output"] in shown:
+            tr.write_line(f"    (same as {shown[r['output']]})")
+            continue
+        shown[r["output"]] = r["name"]
+        for line in r["output"].splitlines():
+            tr.write_line(f"    {line}")
     score = sum(r["score"] for r in results.values())
     total = sum(r["max_score"] for r in results.values())
     tr.write_line(f"{'TOTAL':<{width}}  {score:>5g} / {total:<4g}")

@@ -1,0 +1,291 @@
+"""One check engine for the self-check and the grader.
+
+A lab's checks are the grading tests in ``tests/grading/test_<lab>.py``. Each test has two
+halves: a *rank side* that runs the learner's code on every rank and records what happened
+(results, the calls the flight recorder saw, trace figures), and a *judge* that reads those
+records and raises ``AssertionError`` with a message that teaches. The engine runs them three
+ways, with the same code and so the same messages:
+
+* under pytest (``workbook grade``): each test is a pytest test worth its ``points``;
+* as a self-check (``workbook run LAB``, ``python labs/LAB.py``, a notebook cell): the engine
+  calls the same test functions itself, in order, and turns each outcome into a ``Verdict``;
+* under ``torchrun``: the same, on the job's own ranks (``workbook.grading.torchrun_ranks``).
+
+Two rules make a wrong answer give a verdict instead of a hang or a crash:
+
+1. every rank runs every case to the end: the rank side records, it never stops at the first
+   difference (only the judge, after the results are gathered, decides);
+2. rank code runs only through ``on_ranks``: it adds the timeout (a hang ends in the flight
+   recorder's per-rank report), replays a cached run to the tests that share it, and knows
+   whether this is a warm rank pool or a torchrun job.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import itertools
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PASSED, FAILED, NOT_IMPLEMENTED, HANG, ERROR, SKIPPED = (
+    "passed", "failed", "not implemented", "hang", "error", "skipped")
+
+
+class Skipped(Exception):
+    """A check that cannot run here (e.g. it needs 2 ranks and this torchrun job has 4)."""
+
+
+@dataclass
+class _State:
+    nproc: int | None = None            # self-check: the world size asked for (None: all)
+    timeout: float | None = None        # self-check: seconds before a run is a hang
+    job = None                          # a torchrun job's ranks (torchrun_ranks.JobRanks)
+    current: str = ""                   # the check running now (a torchrun hang report names it)
+    before_report = None                # called before a torchrun hang report (prints progress)
+    cache: dict = field(default_factory=dict)
+
+
+STATE = _State()
+
+
+# --------------------------------------------------------------------------- for the tests
+def world_sizes(*sizes: int) -> tuple[int, ...]:
+    """The world sizes a check runs on: all of ``sizes`` when grading; in a self-check on N
+    ranks only N when ``sizes`` holds it (a pool can still run the others; a torchrun job of
+    N ranks cannot, and the check is skipped)."""
+    n = STATE.nproc
+    if n is None or n in sizes:
+        return sizes if n is None else (n,)
+    if STATE.job is not None:
+        raise Skipped(f"runs on {' or '.join(map(str, sizes))} ranks; this job has {n}")
+    return sizes
+
+
+def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=None, **kwargs):
+    """``fn(*args, **kwargs)`` on ``n`` ranks; the per-rank results, indexed by rank.
+
+    ``key``: tests that read the same run pass the same key; the run (or its exception) is
+    replayed to the second test instead of run again."""
+    from workbook.grading.labs import ENV_IMPL
+    full_key = None if key is None else (
+        getattr(fn, "__module__", ""), getattr(fn, "__qualname__", ""), key, n, link,
+        os.environ.get(ENV_IMPL))
+    if full_key is not None and full_key in STATE.cache:
+        ok, value = STATE.cache[full_key]
+        if ok:
+            return value
+        raise value
+    timeout = STATE.timeout or timeout
+    try:
+        if STATE.job is not None:
+            value = STATE.job.run(n, fn, args, kwargs, link=link, timeout=timeout)
+        else:
+            from workbook.launch import shared_pool
+            value = shared_pool(n).run(_in_impl, os.environ.get(ENV_IMPL), fn, *args, link=link,
+                                       timeout=timeout, **kwargs)
+    except Exception as exc:                     # noqa: BLE001 - replayed to every reader
+        if full_key is not None:
+            STATE.cache[full_key] = (False, exc)
+        raise
+    if full_key is not None:
+        STATE.cache[full_key] = (True, value)
+    return value
+
+
+def _in_impl(impl, fn, *args, **kwargs):
+    """On a pool rank: import the lab files the caller is checking (a warm pool may have been
+    started for another folder), then run ``fn``."""
+    from workbook.grading.labs import ENV_IMPL
+    if impl:
+        os.environ[ENV_IMPL] = impl
+    return fn(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- verdicts
+@dataclass
+class Verdict:
+    """What one check concluded: ``status`` is one of passed, failed, not implemented, hang,
+    error (the learner's code raised), skipped."""
+    lab: str
+    name: str
+    points: float
+    status: str
+    message: str = ""
+
+    @property
+    def score(self) -> float:
+        return self.points if self.status == PASSED else 0.0
+
+
+def _chain(exc):
+    seen = 0
+    while exc is not None and seen < 6:
+        yield exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+
+
+def not_implemented_message(exc) -> str | None:
+    """``not implemented yet: <lab>.<function>`` when ``exc`` comes from an unfinished stub."""
+    for e in _chain(exc):
+        if isinstance(e, NotImplementedError):
+            text = str(e).strip() or "not implemented yet"
+            return text if text.startswith("not implemented yet") else f"not implemented yet: {text}"
+    return None
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _learner_frame(exc) -> str:
+    """``labs/collectives.py:170 in reduce``: the deepest frame in a lab file, if any."""
+    from workbook.grading.labs import LABS
+    text = "".join(str(e) for e in _chain(exc) if type(e).__name__ == "RemoteTraceback")
+    if not text:
+        import traceback
+        text = "".join(traceback.format_exception(exc))
+    frames = [m for m in _FRAME.finditer(text) if Path(m.group(1)).stem in LABS
+              and "tests" not in Path(m.group(1)).parts]
+    if not frames:
+        return ""
+    path, line, fn = frames[-1].groups()
+    return f" (at {Path(path).parent.name}/{Path(path).name}:{line}, in {fn})"
+
+
+def verdict_for(lab: str, name: str, points: float, exc: BaseException | None) -> Verdict:
+    """Turn a check's outcome (None: it returned) into a verdict with a one-paragraph message."""
+    from workbook.pool import RanksTimedOut
+    if exc is None:
+        return Verdict(lab, name, points, PASSED)
+    stub = not_implemented_message(exc)
+    if stub:
+        return Verdict(lab, name, points, NOT_IMPLEMENTED, stub)
+    if isinstance(exc, RanksTimedOut):
+        return Verdict(lab, name, points, HANG, str(exc))
+    if isinstance(exc, Skipped) or type(exc).__name__ == "Skipped":
+        return Verdict(lab, name, points, SKIPPED, f"skipped: {exc}")
+    if isinstance(exc, AssertionError):
+        return Verdict(lab, name, points, FAILED, str(exc).strip())
+    rank = getattr(exc, "rank", None)
+    where = f"rank {rank}: " if rank is not None else ""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    frame = _learner_frame(exc)
+    who = "your code raised" if frame else "the check stopped on"
+    return Verdict(lab, name, points, ERROR, f"{where}{who} {type(exc).__name__}: {first}{frame}")
+
+
+def exit_code(verdicts: list[Verdict]) -> int:
+    """0: every check passed (or was skipped); 1: one failed or is not implemented; 2: a hang."""
+    if any(v.status == HANG for v in verdicts):
+        return 2
+    return 1 if any(v.status not in (PASSED, SKIPPED) for v in verdicts) else 0
+
+
+# --------------------------------------------------------------------------- the checks
+@dataclass
+class Check:
+    lab: str
+    name: str
+    points: float
+    fn: object
+    params: dict
+    sizes: tuple = ()                   # a test parametrised by world size ``n``: all its values
+
+
+def checks_path(lab: str) -> Path:
+    from workbook.grading.labs import repo_root
+    return repo_root() / "tests" / "grading" / f"test_{lab}.py"
+
+
+_LOADS = itertools.count()
+
+
+def _compile_with_pytest_asserts(path: Path):
+    """The module's code with pytest's assertion rewriting, so that a plain ``assert a == b``
+    says what a and b were in the self-check exactly as it does under pytest."""
+    import ast
+    source = path.read_bytes()
+    tree = ast.parse(source, filename=str(path))
+    try:
+        from _pytest.assertion.rewrite import rewrite_asserts
+        rewrite_asserts(tree, source, str(path))
+    except Exception:                           # noqa: BLE001 - plain asserts still work
+        pass
+    return compile(tree, str(path), "exec", dont_inherit=True)
+
+
+def load_checks(lab: str) -> list[Check]:
+    """The grading tests of ``lab``, freshly imported (no run of an earlier check is reused),
+    in file order, parametrised tests expanded."""
+    path = checks_path(lab)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checks for lab {lab!r}: {path} is missing")
+    spec = importlib.util.spec_from_file_location(f"workbook_checks_{lab}_{next(_LOADS)}", path)
+    module = importlib.util.module_from_spec(spec)
+    exec(_compile_with_pytest_asserts(path), module.__dict__)
+    tests = [f for name, f in vars(module).items() if name.startswith("test_") and callable(f)
+             and getattr(f, "__module__", None) == module.__name__]
+    tests.sort(key=lambda f: f.__code__.co_firstlineno)
+    out = []
+    for f in tests:
+        marks = getattr(f, "pytestmark", [])
+        points = next((float(m.args[0]) for m in marks if m.name == "points"), 0.0)
+        base = f.__name__[len("test_"):]
+        params = [m for m in marks if m.name == "parametrize"]
+        if not params:
+            out.append(Check(lab, base, points, f, {}))
+            continue
+        argname, values = params[0].args[0], params[0].args[1]
+        for value in values:
+            out.append(Check(lab, f"{base}[{value}]", points, f, {argname: value},
+                             tuple(values) if argname == "n" else ()))
+    return out
+
+
+def run_checks(lab: str, *, nproc: int | None = None, timeout: float | None = None,
+               only=None, job=None, on_verdict=None) -> list[Verdict]:
+    """Run every check of ``lab`` (or those named in ``only``) and return their verdicts.
+
+    ``nproc``: a self-check on that many ranks (None: the grader's world sizes);
+    ``timeout``: seconds a run may take before it counts as a hang (None: each check's own);
+    ``job``: a torchrun job's ranks; ``on_verdict``: called with each verdict as it is made."""
+    STATE.nproc, STATE.timeout, STATE.job, STATE.cache = nproc, timeout, job, {}
+    STATE.before_report = getattr(on_verdict, "flush", None)
+    verdicts = []
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"workbook-{lab}-") as tmp:
+            fixtures = {"trace_root": Path(tmp) / "traces"}
+            fixtures["trace_root"].mkdir()
+            for k, check in enumerate(load_checks(lab)):
+                if only and check.name not in only and check.name.split("[")[0] not in only:
+                    continue
+                kwargs = dict(check.params)
+                for name in inspect.signature(check.fn).parameters:
+                    if name in kwargs:
+                        continue
+                    if name == "tmp_path":
+                        kwargs[name] = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{k}-"))
+                    else:
+                        kwargs[name] = fixtures[name]
+                verdict = _run_one(check, kwargs)
+                verdicts.append(verdict)
+                if on_verdict:
+                    on_verdict(verdict)
+    finally:
+        STATE.nproc, STATE.timeout, STATE.job, STATE.cache = None, None, None, {}
+    return verdicts
+
+
+def _run_one(check: Check, kwargs: dict) -> Verdict:
+    STATE.current = check.name
+    try:
+        if check.sizes and kwargs["n"] not in world_sizes(*check.sizes):
+            raise Skipped(f"this self-check runs on {STATE.nproc} ranks")
+        check.fn(**kwargs)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:                        # noqa: BLE001 - every outcome is a verdict
+        return verdict_for(check.lab, check.name, check.points, exc)
+    return verdict_for(check.lab, check.name, check.points, None)

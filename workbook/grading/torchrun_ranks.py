@@ -1,0 +1,150 @@
+"""The checks on a torchrun job's own ranks: ``torchrun --nproc_per_node=N labs/LAB.py``.
+
+Under torchrun the ranks are the job's processes, not a pool the engine can kill and restart,
+so this module gives each rank what the pool gives the launcher:
+
+* **one verdict, not N tracebacks**: every rank runs a check's rank side, then posts its
+  outcome (result or error) to the job's store; every rank reads all outcomes, so every rank
+  judges the same records. A rank that raised tears its process group down (peers blocked on
+  it fail at once) and all ranks join a fresh one (a new store prefix) for the next check;
+* **a hang ends in the report**: a watchdog thread per rank fires ``timeout`` seconds into a
+  check; each rank posts the last call its flight recorder saw, rank 0 prints the per-rank
+  report, and the job ends with exit status 2. The process group's own timeout sits 60 s
+  above the watchdog's, so gloo's "Timed out waiting ..." never comes first;
+* **quiet exits**: rank 0 carries the job's exit status; the others leave first with 0, so
+  torchrun lists one failed rank, not every rank (torchrun itself exits 1 on any failure).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import threading
+import time
+
+PG_MARGIN_S = 60.0           # the process group's timeout, above the watchdog's
+
+
+class JobRanks:
+    """This process's rank of a torchrun job, running checks (see the module docstring)."""
+
+    def __init__(self, timeout: float, backend: str | None = None):
+        import torch
+        import torch.distributed as dist
+        from workbook.ranks import choose_backend, init_rank, threads_per_rank
+        self.store, self.rank, self.world = next(dist.rendezvous("env://"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        self.backend = choose_backend(backend, local_world, "none")
+        if self.backend == "gloo":
+            torch.set_num_threads(threads_per_rank(local_world))
+        self.pg_timeout = timeout + PG_MARGIN_S
+        self.generation, self.seq, self.links = 0, 0, {}
+        self._init = lambda: init_rank(self.rank, self.world, self.local_rank, self.backend,
+                                       self.store, self.generation, self.pg_timeout)
+        self._init()
+        self.watchdog = Watchdog(self)
+        self.watchdog.start()
+
+    # -- one check's rank side on every rank
+    def run(self, n: int, fn, args, kwargs, *, link: str, timeout: float) -> list:
+        import torch.distributed as dist
+        from workbook import flight
+        from workbook.grading.engine import Skipped
+        from workbook.pool import _describe_error, _primary, _reraise
+        from workbook.ranks import set_link
+        if n != self.world:
+            raise Skipped(f"runs on {n} ranks; this job has {self.world}")
+        self.seq += 1
+        keys = [f"workbook/outcome/{self.generation}/{self.seq}/{r}" for r in range(self.world)]
+        self.watchdog.arm(timeout)
+        try:
+            try:
+                flight.RECORDER.reset()
+                set_link(link, self.links)
+                outcome = ("ok", fn(*args, **kwargs))
+                payload = pickle.dumps(outcome)
+            except Exception as exc:                       # noqa: BLE001 - posted to every rank
+                outcome = ("err", _describe_error(self.rank, exc))
+                payload = pickle.dumps(outcome)
+            self.store.set(keys[self.rank], payload)
+            if outcome[0] == "err":
+                dist.destroy_process_group()               # peers blocked on this rank fail now
+            self.store.wait(keys)
+            outcomes = [pickle.loads(self.store.get(k)) for k in keys]
+        finally:
+            self.watchdog.disarm()
+        errors = {r: o[1] for r, o in enumerate(outcomes) if o[0] == "err"}
+        if errors:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.generation += 1
+            self.links.clear()
+            self._init()
+            raise _reraise(_primary(errors), self.world)
+        return [o[1] for o in outcomes]
+
+    # -- leaving
+    def finish(self, code: int) -> None:
+        """End the job: the other ranks leave first (exit 0), then rank 0 with ``code``."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.rank != 0:
+            self.store.set(f"workbook/left/{self.rank}", "1")
+            os._exit(0)
+        _wait_keys(self.store, [f"workbook/left/{r}" for r in range(1, self.world)], 10.0)
+        time.sleep(0.3)
+        os._exit(code)
+
+
+def _wait_keys(store, keys: list[str], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not keys or store.check(keys):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class Watchdog(threading.Thread):
+    """Fires ``timeout`` seconds into a check: the per-rank hang report, then exit status 2."""
+
+    def __init__(self, job: JobRanks):
+        super().__init__(daemon=True, name="workbook-watchdog")
+        self.job, self.deadline, self.timeout = job, None, 0.0
+
+    def arm(self, timeout: float) -> None:
+        self.timeout, self.deadline = timeout, time.monotonic() + timeout
+
+    def disarm(self) -> None:
+        self.deadline = None
+
+    def run(self) -> None:
+        while True:
+            time.sleep(0.1)
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.fire()
+
+    def fire(self) -> None:
+        from workbook import flight
+        from workbook.grading.engine import STATE
+        job = self.job
+        job.store.set(f"workbook/hang/{job.rank}", json.dumps(flight.RECORDER.state))
+        if job.rank != 0:
+            _wait_keys(job.store, ["workbook/hang/reported"], 10.0)
+            job.finish(0)
+        keys = [f"workbook/hang/{r}" for r in range(job.world)]
+        _wait_keys(job.store, keys, 5.0)
+        slots = [json.loads(job.store.get(k)) if job.store.check([k]) else {"state": "no answer"}
+                 for k in keys]
+        if STATE.before_report:
+            STATE.before_report()
+        sys.stdout.flush()
+        print(f"  HANG  {STATE.current or 'a check'}\n        "
+              + flight.hang_report(slots, self.timeout).replace("\n", "\n        "),
+              file=sys.stderr, flush=True)
+        print("exit 2 (a hang): the job ends here, no rank is left running", file=sys.stderr,
+              flush=True)
+        job.store.set("workbook/hang/reported", "1")
+        job.finish(2)
