@@ -183,14 +183,19 @@ show()
 display(W.VBox([n_ranks, table]))
 
 # %% [markdown]
-# ## The same code, three ways
+# ## The same code, three ways, and one verdict
 #
-# Every lab file of the course ends with `main(self_check)` from `workbook.launch`, so one file
-# runs
+# Every lab file of the course ends with `workbook.selfcheck.main(__file__)`: its self-check
+# runs the grader's own checks (`tests/grading/test_<lab>.py`), so one file runs
 #
 # * under `torchrun --nproc_per_node=4 labs/collectives.py` (one node or many);
 # * as `python labs/collectives.py --nproc 4` or `workbook run collectives --nproc 4`
-#   (the launcher starts the ranks);
-# * from the autograder, `workbook grade --lab collectives`.
+#   (the launcher starts the ranks), or `workbook.lessons.self_check("collectives")` here;
+# * from the autograder, `workbook grade --lab collectives`, with points.
+#
+# Each prints one verdict per check with the grader's message (which rank, which case,
+# expected vs got), and exits 0 when every check passed, 1 when one failed or is not
+# implemented yet, 2 for a hang: after 60 s (`--timeout`) each rank's last collective is
+# reported instead of waiting forever.
 #
 # Next: lesson 1, the collective operations themselves.

@@ -43,6 +43,16 @@ def cmd_doctor(args) -> int:
         lk = link.make_link(name, flops)
         print(f"  {name:<12} {lk.bandwidth_Bps / 1e6:9.1f} MB/s  {lk.latency_s * 1e3:7.2f} ms   "
               f"{link.PRESETS[name].description}")
+    cores = os.cpu_count() or 1
+    if gpus:
+        print(f"ranks       up to {gpus} NCCL ranks here (one per GPU); more ranks run on gloo (CPU)")
+    else:
+        print(f"ranks       up to {max(2, cores)} ranks run at full speed here ({cores} cores, "
+              f"{launch.threads_per_rank(max(2, cores))} torch thread(s) each); 4 ranks (what the "
+              f"labs check) share cores: correct, only slower")
+    print("next        workbook run collectives    self-check the first lab (edit labs/collectives.py)")
+    print("            jupyter lab lessons/        the lessons, one per lab")
+    print("            workbook grade --lab LAB    points, the way the course grades")
     return 0
 
 
@@ -89,13 +99,12 @@ def cmd_demo(args) -> int:
     return run_demo(args.nproc, args.link, args.out)
 
 
-def _link_preset(name: str) -> str:
-    """argparse type for --link: a preset name, else the one-line error every bad input gets."""
+def _check_link(name: str | None) -> None:
+    """--link: a preset name, else the one-line error every bad input gets."""
     from workbook import link
-    if name not in link.preset_names():
-        raise argparse.ArgumentTypeError(f"unknown link preset {name!r}: choose one of "
-                                         f"{', '.join(link.preset_names())}")
-    return name
+    if name is not None and name not in link.preset_names():
+        raise ValueError(f"unknown link preset {name!r}: choose one of "
+                         f"{', '.join(link.preset_names())}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="4 CPU ranks run every collective, traced")
     p.add_argument("--nproc", type=int, default=4)
-    p.add_argument("--link", default="dgx-h100", type=_link_preset,
+    p.add_argument("--link", default="dgx-h100",
                    help=f"simulated link: {', '.join(link.preset_names())}")
     p.add_argument("--out", default="runs/demo", help="run directory for traces and report")
     p.set_defaults(func=cmd_demo)
@@ -123,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("lab", help=", ".join(LABS))
     p.add_argument("--nproc", type=int, default=None,
                    help="check on N ranks only (default: every world size the grader uses)")
-    p.add_argument("--link", default="none", type=_link_preset,
+    p.add_argument("--link", default="none",
                    help=f"simulated link for the figures: {', '.join(link.preset_names())}")
     p.add_argument("--impl", default="labs", help="labs (default), solutions, or a folder")
     p.add_argument("--trace-dir", default=None, help="write the figures' per-rank traces here")
@@ -175,6 +184,7 @@ def main(argv=None) -> int:
     else:
         args = build_parser().parse_args(argv)
     try:
+        _check_link(getattr(args, "link", None))
         return args.func(args) or 0
     except (ValueError, FileNotFoundError, RanksTimedOut) as exc:
         print(f"workbook {args.command}: {exc}", file=sys.stderr)

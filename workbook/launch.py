@@ -60,7 +60,7 @@ def init_from_env(backend: str | None = None, link: str = "none",
     import torch
     if chosen == "gloo":
         torch.set_num_threads(threads_per_rank(local_world))
-    init_rank(rank, world, local_rank, chosen, None, 0, timeout)
+    init_rank(rank, world, local_rank, chosen, None, 0, timeout + 60.0)   # gloo's timeout above ours
     set_link(link, {})
     return context()
 

@@ -7,6 +7,7 @@ Three small things every lesson needs, kept here so the notebooks stay prose and
   milliseconds, so widgets can re-run on every change);
 * ``buffers_figure(before, after, ...)``: a plotly picture of which rank holds which values, before
   and after a collective;
+* ``self_check(lab)``: the lab's self-check (the grader's checks, its messages) in the notebook;
 * ``check_your_work(lab)``: run ``workbook grade --lab LAB`` and show its score table in the
   notebook, whatever the score (an unfinished lab is not an error in a lesson). With the
   environment variable ``WORKBOOK_LESSONS_NO_GRADE=1`` (the notebook tests set it) it only
@@ -21,7 +22,7 @@ import sys
 ENV_NO_GRADE = "WORKBOOK_LESSONS_NO_GRADE"
 
 
-def on_ranks(fn, n: int, *args, link: str = "none", timeout: float = 120.0, **kwargs) -> list:
+def on_ranks(fn, n: int, *args, link: str = "none", timeout: float = 60.0, **kwargs) -> list:
     """``fn(*args, **kwargs)`` on each of ``n`` ranks; the per-rank results, indexed by rank."""
     from workbook.launch import shared_pool
     return shared_pool(n).run(fn, *args, link=link, timeout=timeout, **kwargs)
@@ -52,6 +53,16 @@ def buffers_figure(before: list, after: list, title: str = "", labels=("before",
         fig.update_xaxes(title_text="element", dtick=1, row=1, col=col)
     fig.update_layout(title=title, height=110 + 45 * n, margin=dict(l=10, r=10, t=70, b=40))
     return fig
+
+
+def self_check(lab: str, impl: str = "labs", nproc: int | None = None,
+               timeout: float = 60.0) -> int:
+    """The self-check from a notebook cell: the grader's checks on your lab, their verdicts
+    printed here (a hang ends after ``timeout`` seconds in each rank's last collective).
+
+    Returns the exit status ``workbook run`` would give (0 passed, 1 failed, 2 hang)."""
+    from workbook.selfcheck import self_check as run
+    return run(lab, impl=impl, nproc=nproc, timeout=timeout)
 
 
 def check_your_work(lab: str, impl: str = "labs", timeout: float = 600.0) -> int | None:

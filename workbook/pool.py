@@ -36,7 +36,8 @@ import cloudpickle
 
 from workbook.ranks import choose_backend, init_rank, set_link, threads_per_rank
 
-DEFAULT_TIMEOUT = 120.0
+DEFAULT_TIMEOUT = 60.0         # seconds a run may take before it is a hang (the report, not gloo's error)
+PROCESS_GROUP_TIMEOUT_S = 3600.0   # the pool is the watchdog: gloo's own timeout never fires first
 PRELOAD = ["torch", "torch.distributed", "cloudpickle", "workbook.link", "workbook.flight",
            "workbook.ranks"]
 
@@ -116,7 +117,7 @@ def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_pat
     links: dict = {}
     generation, exit_code = 0, 0
     try:
-        init_rank(rank, world_size, rank, backend, store, generation, DEFAULT_TIMEOUT)
+        init_rank(rank, world_size, rank, backend, store, generation, PROCESS_GROUP_TIMEOUT_S)
         conn.send(("ready", None))
         while True:
             msg = conn.recv()
@@ -127,7 +128,7 @@ def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_pat
                 links.clear()
                 if dist.is_initialized():
                     dist.destroy_process_group()
-                init_rank(rank, world_size, rank, backend, store, generation, DEFAULT_TIMEOUT)
+                init_rank(rank, world_size, rank, backend, store, generation, PROCESS_GROUP_TIMEOUT_S)
                 conn.send(("ready", None))
                 continue
             _, task_id, payload, preset, timeout_s = msg

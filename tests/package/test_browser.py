@@ -120,9 +120,12 @@ def _stop(proc: subprocess.Popen | None, grace: float = 10.0) -> None:
 
 # The notebook's state, read through the JupyterLab application object (exposed with
 # --LabApp.expose_app_in_browser): kernel status, cells run, errors, and what was drawn.
+# The shell's current widget follows the window's focus, which a headless browser may never
+# give: without it, the notebook is the main-area widget that has a session.
 STATE_JS = """
 const app = window.jupyterapp;
-const w = app && app.shell.currentWidget;
+const w = app && (app.shell.currentWidget
+                  || Array.from(app.shell.widgets('main')).find(x => x.sessionContext));
 if (!w || !w.content || !w.sessionContext || !w.sessionContext.session) return null;
 const kernel = w.sessionContext.session.kernel;
 const cells = w.content.model.cells;

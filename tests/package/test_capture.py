@@ -1,6 +1,9 @@
 """Trace capture: per-rank Chrome traces with the link's own track, and the run's metadata."""
 import json
 
+import numpy as np
+import pytest
+
 from workbook.demo import run_demo
 
 
@@ -63,3 +66,66 @@ def test_a_late_peer_shows_as_skew_not_as_the_schedule(tmp_path):
     # op 2's transfer ran while rank 0 was blocked on op 1, whose peer was late: skew, not schedule
     assert m.skew_us > 10_000 and m.overlap_pct_ex_skew > m.overlap_pct
     assert m.skew_us <= m.exposed_comm_us
+    assert m.late_us >= late[0]["dur"] > m.skew_us          # late-peer time: the spans themselves
+
+
+def one_of_each(run_dir):
+    """Each collective called exactly once inside the trace (the all-reduce twice: once async,
+    behind a matmul), each inside a range of its own name."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import record_function
+
+    from workbook.trace.capture import rank_trace
+    world, rank = dist.get_world_size(), dist.get_rank()
+    x = torch.ones(1024)                                      # 4 KiB
+    chunk, gathered = torch.empty(1024 // world), torch.empty(1024)
+    dist.barrier()
+    with rank_trace(run_dir, lab="one_of_each"):
+        calls = {"broadcast": lambda: dist.broadcast(x, src=0),
+                 "all_gather": lambda: dist.all_gather_into_tensor(gathered, chunk),
+                 "gather": lambda: dist.gather(chunk, list(gathered.chunk(world)) if rank == 0
+                                               else None, dst=0),
+                 "barrier": dist.barrier, "all_reduce": lambda: dist.all_reduce(x)}
+        for name, call in calls.items():
+            with record_function(name):
+                call()
+        with record_function("overlap"):
+            work = dist.all_reduce(x, async_op=True)
+            torch.randn(64, 64) @ torch.randn(64, 64)
+            work.wait()
+    return rank
+
+
+@pytest.mark.parametrize("link_name", ["dgx-h100", "none"])
+def test_each_call_counted_once_and_runtime_threads_hidden(tmp_path, link_name):
+    from workbook import launch, trace
+    from workbook.trace.classify import COMPUTE, classify
+    from workbook.trace.report import collectives_table_html, issued_in
+    assert launch.shared_pool(2, "gloo").run(one_of_each, str(tmp_path), link=link_name) == [0, 1]
+    run = trace.load_run(tmp_path)
+    for t in run.traces:
+        got = trace.analyse(t).collectives
+        assert {n: c["count"] for n, c in got.items()} == {
+            "broadcast": 1, "all_gather": 1, "gather": 1, "barrier": 1, "all_reduce": 2}
+        if link_name == "dgx-h100":        # the link records every call's size; a barrier moves none
+            assert {n: c["bytes"] for n, c in got.items()} == {
+                "broadcast": 4096, "all_gather": 4096, "gather": 4096, "barrier": 0,
+                "all_reduce": 8192}
+        assert issued_in(t) == {"broadcast": {"broadcast": 1}, "all_gather": {"all_gather": 1},
+                                "gather": {"gather": 1}, "barrier": {"barrier": 1},
+                                "all_reduce": {"all_reduce": 1, "overlap": 1}}
+        # gloo's thread copies gathered chunks with aten ops: the collective's, not compute
+        gloo = [i for i, tr in enumerate(t.tracks) if "gloo" in tr.name]
+        assert gloo and any(t.names[n].startswith("aten::")
+                            for n in t.name_id[np.isin(t.track_id, gloo)])
+        assert not (np.isin(t.track_id, gloo) & (classify(t) == COMPUTE)).any()
+        for marker in ("workbook_warmup", "workbook_clock_sync"):
+            assert not (classify(t)[t.name_id == t.names.index(marker)] == COMPUTE).any()
+    rows = trace.timeline_figure(run).layout.yaxis.ticktext
+    if link_name == "dgx-h100":          # gloo's threads only hold the real transfer: no row
+        assert not any("gloo" in r for r in rows) and "rank 1 · link" in rows
+    else:                                # without a link they carry the communication itself
+        assert any("pt_gloo_runloop" in r for r in rows)
+    table = collectives_table_html(run)
+    assert "<td>barrier</td><td>1 · " in table and "1 in barrier" in table

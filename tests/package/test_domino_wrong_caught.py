@@ -1,7 +1,8 @@
 """The domino grader catches the mistakes the lab is about: each deliberately wrong lab in
 tests/grading/wrong/domino_*/ fails exactly the tests it should, with a message that teaches.
 
-* waits_immediately: numbers right, every all-reduce waited at once -> both overlap tests;
+* waits_immediately: numbers right, every all-reduce waited at once -> both overlap tests,
+  on the schedule's structure (read from the link's op log), before any figure;
 * never_waits: WaitInBackward forgets to wait -> the registry names the leaked handle;
 * wrong_chunk_order: chunks joined in reverse -> the numerics tests (final hidden states);
 * early_backward_wait: no lookahead, the backward waits right after starting -> backward overlap.
@@ -20,9 +21,8 @@ BOTH_OVERLAPS = ("test_forward_communication_hidden", "test_backward_communicati
 # folder -> {failing test: words its message must contain}
 CASES = {
     "domino_waits_immediately": {
-        "test_forward_communication_hidden": ["rank ", "forward pass", "hidden behind compute",
-                                              "at least 90%"],
-        "test_backward_communication_hidden": ["rank ", "backward pass", "at least 80%"],
+        t: ["rank ", "waited on right after it started", "hidden behind compute"]
+        for t in BOTH_OVERLAPS
     },
     "domino_never_waits": {
         **{t: ["rank ", "never waited on", ".bwd"] for t in NUMERICS},
@@ -34,7 +34,7 @@ CASES = {
         for t in NUMERICS},
     "domino_early_backward_wait": {
         "test_backward_communication_hidden": ["rank ", "backward pass", "WaitInBackward",
-                                               "at least 80%"],
+                                               "at least 70%"],
     },
 }
 

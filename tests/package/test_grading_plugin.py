@@ -53,15 +53,16 @@ def test_points_table_and_gradescope(tmp_path):
     stdout, res = run_grader(tmp_path, source)
     assert res["score"] == 2 and res["max_score"] == 6
     by_name = {t["name"].split("::")[1]: t for t in res["tests"]}
-    assert by_name["test_adds"] == {"name": by_name["test_adds"]["name"], "score": 2.0,
-                                    "max_score": 2.0, "status": "passed", "output": ""}
-    assert by_name["test_multiplies"]["output"] == "not implemented yet: toy.mul"
-    assert by_name["test_with_broken_setup"]["score"] == 0
-    assert "setup went wrong" in by_name["test_with_broken_setup"]["output"]
-    assert "test_ungraded" not in by_name
+    assert by_name["adds"] == {"name": "toy::adds", "score": 2.0,
+                               "max_score": 2.0, "status": "passed", "output": ""}
+    assert by_name["multiplies"]["output"] == "not implemented yet: toy.mul"
+    assert by_name["with_broken_setup"]["score"] == 0
+    assert "setup went wrong" in by_name["with_broken_setup"]["output"]
+    assert "ungraded" not in by_name
     assert "TOTAL" in stdout and "2 / 6" in stdout
     assert "not implemented yet: toy.mul" in stdout
-    assert "Traceback" not in stdout.split("score (")[0].split("test_multiplies")[-1][:300]
+    assert "Traceback" not in stdout
+    assert stdout.count("not implemented yet: toy.mul") == 1          # each failure listed once
 
 
 def test_solutions_cannot_be_imported_while_grading_labs(tmp_path):

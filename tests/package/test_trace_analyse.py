@@ -206,9 +206,22 @@ def test_exposed_time_while_a_peer_is_late_is_skew(tmp_path):
     assert m.overlap_pct_ex_skew == approx(60.0)  # op 3's immediate wait still counts
     assert m.collectives == {"all_reduce": {"count": 3, "bytes": 192}}
     assert m.compute_us == 230                   # late-peer spans are neither compute nor comm
+    assert m.late_us == 120                      # the two late-peer spans: 110 + 10
+
+
+def test_metrics_table_shows_late_peer_time_and_skew_apart(tmp_path):
+    from workbook.trace.view import METRIC_COLUMNS, metrics_table_html
+    table = metrics_table_html(_skew_trace(tmp_path))
+    heads = [h for h, _ in METRIC_COLUMNS]
+    assert "late-peer µs" in heads and "exposed comm while a peer was late µs" in heads
+    cells = table.split("<tr>")[2].replace("</td>", "").split("<td>")[1:]
+    assert cells[heads.index("late-peer µs")] == "120.0"
+    assert cells[heads.index("exposed comm while a peer was late µs")] == "30.0"
 
 
 def test_late_peer_spans_drawn_on_their_own_row(tmp_path):
     fig = trace.timeline_figure(_skew_trace(tmp_path))
     late = [d for d in fig.data if d.name == "late peer"]
     assert late and sorted(late[0].base.tolist()) == [50, 340]
+    assert set(late[0].text) == {"peers late"}
+    assert "late peer · rank 0 · link: peers late" in late[0].hovertext[0]

@@ -143,10 +143,27 @@ def test_timeline_bars_and_webgl(monkeypatch):
     assert not any("aten::addmm" in h for h in kinds["compute"].hovertext)
     assert any("4,096 B" in h for h in kinds["communication"].hovertext)
     assert "rank 1 · link" in fig.layout.yaxis.ticktext
+    # every bar names its op on hover (name, duration, kind, thread) and carries a label inside,
+    # which plotly hides where it does not fit
+    comm = kinds["communication"]
+    assert len(comm.text) == len(comm.hovertext) == len(comm.base)
+    assert "all_reduce" in comm.text and "reduce_scatter" in comm.text
+    assert all(h.startswith("<b>") and " µs<br>communication · rank " in h for h in comm.hovertext)
+    assert any(h.endswith("· link<br>all_reduce, 4,096 B") for h in comm.hovertext)
+    assert (comm.textposition, comm.insidetextanchor, comm.constraintext) == (
+        "inside", "middle", "inside")
+    assert fig.layout.uniformtext.mode == "hide" and fig.layout.uniformtext.minsize >= 8
+    assert "mm" in kinds["compute"].text                     # aten::mm, labelled "mm"
+    assert any(x.startswith("wait ") for x in kinds["wait"].text)
     monkeypatch.setattr(view, "BAR_LIMIT", 3)
     fig = trace.timeline_figure(SIM, ranks=[0], step=2)
     assert {d.type for d in fig.data} == {"scattergl"}
     assert len(fig.layout.shapes) == 0
+    # WebGL hover finds points: start, middle and end of each segment carry the hover text
+    gl = {d.name: d for d in fig.data}["communication"]
+    x, h = list(gl.x), list(gl.hovertext)
+    assert x[3] is None and x[1] == (x[0] + x[2]) / 2
+    assert h[0] == h[1] == h[2] and h[0].startswith("<b>") and h[3] is None
 
 
 def test_report_and_explorer(tmp_path):

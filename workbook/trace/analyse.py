@@ -23,6 +23,11 @@ which the compute thread was waiting) and *M* the union of memory copies
   **overlap % excluding skew** = 100 · (\\|C ∩ P\\| + skew) / \\|C\\| is
   what a schedule can be graded on.  A GPU trace has no such spans: skew
   there is part of the NCCL kernel and counts as communication, as in HTA;
+* **late-peer time** = \\|L\\|, the union of the late-peer spans themselves.
+  It is not a part of the communication time: a late-peer span starts where
+  its op's modelled transfer ended, so only the *next* ops' transfers can
+  fall inside it (skew).  A rank that issues one blocking op at a time has
+  late-peer time (spent in the wait) and no skew;
 * **idle time** = step time − \\|P ∪ C ∪ M\\|: nothing at all is running;
 * **wait time** = the union of the compute thread's waits (CPU traces).
 
@@ -74,6 +79,7 @@ class Metrics:
     wait_us: float = 0.0
     idle_us: float = 0.0
     skew_us: float = 0.0        # exposed communication while a peer was late (simulated link)
+    late_us: float = 0.0        # late-peer time: the union of the late-peer spans
     collectives: dict = field(default_factory=dict)
 
     @property
@@ -90,7 +96,7 @@ class Metrics:
 
     def add(self, other: "Metrics") -> None:
         for k in ("step_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us",
-                  "memcpy_us", "wait_us", "idle_us", "skew_us"):
+                  "memcpy_us", "wait_us", "idle_us", "skew_us", "late_us"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
         _merge_collectives(self.collectives, other.collectives)
 
@@ -255,6 +261,7 @@ def _metrics(trace: Trace, sel: np.ndarray, window: tuple[float, float] | None,
     if late.any():
         m.skew_us = iv.measure(iv.intersect(iv.subtract(comm, all_compute(trace)),
                                             iv.union(s[late], e[late])))
+        m.late_us = iv.measure(u(sel & late))
     m.memcpy_us = iv.measure(mem)
     m.wait_us = iv.measure(wait)
     busy = iv.join(iv.join(comp, comm), mem)
@@ -284,7 +291,8 @@ def step_metrics(trace: Trace) -> list[StepMetrics]:
         sel = useful & (which == k)
         lo = min(s0, float(trace.ts[sel].min())) if sel.any() else s0
         hi = max(s1, float(trace.end[sel].max())) if sel.any() else s1
-        m = _metrics(trace, sel, (lo, hi))
+        # late-peer spans count in the step they start in, but do not widen it
+        m = _metrics(trace, sel | ((kinds == LATE) & (which == k)), (lo, hi))
         out.append(StepMetrics(**{f: getattr(m, f) for f in Metrics.__dataclass_fields__},
                                step=n, start_us=lo, end_us=hi))
     trace._steps = out
@@ -328,7 +336,7 @@ def analyse(trace, rank: int | None = None, step=None) -> RankMetrics:
 
 def _phase_selection(t: Trace, within: str | None, step) -> np.ndarray:
     kinds = classify(t)
-    sel = np.isin(kinds, (COMPUTE, COMM, MEMCPY, WAIT))
+    sel = np.isin(kinds, (COMPUTE, COMM, MEMCPY, WAIT, LATE))
     if step is not None:
         steps = step_ranges(t)
         wanted = {step} if isinstance(step, int) else set(step)

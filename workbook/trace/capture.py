@@ -38,8 +38,10 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from workbook import link
+from workbook.trace.classify import CAPTURE_MARKERS
 
-SYNC_MARKER = "workbook_clock_sync"
+# empty ranges the analysis sets aside (classify.CAPTURE_MARKERS): not the rank's compute
+WARMUP_MARKER, SYNC_MARKER = CAPTURE_MARKERS
 
 
 _AGREED = [0]
@@ -127,7 +129,7 @@ def rank_trace(run_dir, *, lab: str = "", run_id: str | None = None):
     _warm_up_profiler(activities)
     started_ns = time.perf_counter_ns()
     with profile(activities=activities) as prof:
-        with record_function("workbook_warmup"):
+        with record_function(WARMUP_MARKER):
             pass
         with record_function(SYNC_MARKER):
             sync_ns = time.perf_counter_ns()

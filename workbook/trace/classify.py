@@ -23,6 +23,11 @@ On a CPU (no kernels: the course's laptop labs over gloo)
       when the rank has no link track*: with the simulated link the gloo
       spans are the real (fast, local) transfer underneath the modelled one,
       and counting both would count the same collective twice;
+    * operators that gloo runs *inside* one of its spans, on its own
+      ``pt_gloo_runloop`` thread (the ``aten::copy_`` that unpacks a gather),
+      are part of that collective, not the rank's compute: **other**.  A gloo
+      thread therefore carries no compute, and on the simulated link no work
+      at all, so the timeline does not draw it;
     * ``link_wait:*`` ranges and the host side of a blocking collective
       (``c10d::*``, ``nccl:*``, ``record_param_comms``) are **wait**: the
       compute thread is blocked, not computing;
@@ -35,7 +40,9 @@ On a CPU (no kernels: the course's laptop labs over gloo)
       Nested spans are not counted twice because the analysis takes the
       *union* of intervals, and waits are cut out of that union afterwards.
 
-Everywhere, ``ProfilerStep#N`` ranges are **step** markers, and user ranges
+Everywhere, ``ProfilerStep#N`` ranges are **step** markers, the two empty
+ranges :func:`workbook.trace.capture.rank_trace` records to start the
+profiler and tie its clock to the link's are **other**, and user ranges
 (``record_function``) are also **phase** candidates for queries such as
 "collectives during backward".
 """
@@ -46,6 +53,7 @@ import re
 
 import numpy as np
 
+from . import intervals as iv
 from .load import Trace
 
 COMPUTE, COMM, MEMCPY, WAIT, STEP, HOST, OTHER, RANGE, LATE = range(9)
@@ -53,6 +61,8 @@ COMPUTE, COMM, MEMCPY, WAIT, STEP, HOST, OTHER, RANGE, LATE = range(9)
 KINDS = ("compute", "communication", "memcpy", "wait", "step", "host", "other", "range",
          "late peer")
 
+#: The ranges ``capture.rank_trace`` records for itself (profiler warm-up, clock sync).
+CAPTURE_MARKERS = ("workbook_warmup", "workbook_clock_sync")
 _WAIT_PREFIXES = ("link_wait:", "c10d::", "nccl:", "record_param_comms")
 _USER_CATS = ("user_annotation", "gpu_user_annotation")
 
@@ -116,9 +126,26 @@ def classify(trace: Trace) -> np.ndarray:
         codes[i] = _rule(trace.names[nc // ncat], trace.cats[nc % ncat], is_link, gpu, link)
     kinds = codes[inverse.reshape(-1)]
     if not gpu:
+        _demote_backend_internals(trace, kinds)
         _demote_wrapping_ranges(trace, kinds)
     trace._kinds = kinds
     return kinds
+
+
+def _demote_backend_internals(trace: Trace, kinds: np.ndarray) -> None:
+    """Mark the operators that start inside a ``gloo:*`` span of their own thread as OTHER."""
+    is_gloo = np.array([n.startswith("gloo:") for n in trace.names] or [False], bool)[trace.name_id]
+    if not is_gloo.any():
+        return
+    inner = np.isin(kinds, (COMPUTE, WAIT)) & ~is_gloo
+    for tr in np.unique(trace.track_id[is_gloo]).tolist():
+        on = trace.track_id == tr
+        starts, ends = iv.union(trace.ts[is_gloo & on], trace.end[is_gloo & on])
+        ops = np.flatnonzero(inner & on)
+        k = np.searchsorted(starts, trace.ts[ops], side="right") - 1
+        inside = k >= 0
+        inside[inside] = trace.ts[ops[inside]] < ends[k[inside]]
+        kinds[ops[inside]] = OTHER
 
 
 def _demote_wrapping_ranges(trace: Trace, kinds: np.ndarray) -> None:
@@ -152,6 +179,8 @@ def _rule(name: str, cat: str, on_link: bool, gpu: bool, link: bool) -> int:
         return OTHER
     if name.startswith("ProfilerStep#"):
         return STEP
+    if name in CAPTURE_MARKERS:
+        return OTHER
     if name.startswith(_WAIT_PREFIXES):
         return HOST if gpu else WAIT
     if cat in ("cpu_op", "user_annotation", "") or cat.startswith("cpu"):

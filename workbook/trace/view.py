@@ -5,10 +5,14 @@ simulated link.  Each span is coloured by what kind of time it is (the
 course palette of :mod:`workbook.colors`), and below each rank a thin row
 marks in red its *exposed* communication -- the stretches during which the
 rank communicates and computes nothing.  Hovering a span shows its name,
-duration and, for communication, the bytes it moved.
+duration, thread and kind of time and, for communication, the bytes it moved;
+a bar wide enough for it also carries its name as a label.
 
 Only *top-level* spans are drawn: an ``aten::addmm`` nested inside an
-``aten::linear`` would be hidden behind it anyway.
+``aten::linear`` would be hidden behind it anyway.  Only rows that carry work
+are drawn: a thread with no compute, communication, memory-copy, wait or
+late-peer span (gloo's ``pt_gloo_runloop`` threads on the simulated link, whose
+spans are the real transfer underneath the modelled one) gets no row.
 
 Drawing many spans
 ------------------
@@ -17,6 +21,11 @@ timelines use one horizontal bar chart per kind of time (``go.Bar`` with
 ``base=`` the start and ``x=`` the duration); beyond about 5,000 spans each
 kind becomes a single WebGL line trace (``go.Scattergl``) whose segments are
 separated by ``None`` -- hundreds of thousands of spans stay responsive.
+WebGL hover finds points, not lines, so each segment has a point at its start,
+middle and end, all three with the span's hover text; it draws no labels.
+Bars are labelled with plotly's own rule: ``textposition="inside"`` and
+``uniformtext`` mode ``"hide"`` drop every label that would not fit its bar at
+the minimum font size, so narrow bars stay clean.
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ import numpy as np
 from .. import colors
 from . import intervals as iv
 from .analyse import all_compute, analyse, step_metrics
-from .classify import COMM, COMPUTE, KINDS, LATE, MEMCPY, WAIT, classify, collective_of
+from .classify import (COMM, COMPUTE, KINDS, LATE, MEMCPY, WAIT, canonical_collective, classify,
+                       collective_of)
 from .load import Trace, TraceError, as_run
 
 BAR_LIMIT = 5000
@@ -69,12 +79,14 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
     windows = {id(t): _window(t, step) for t in chosen}
     zero = min(t.origin_us + windows[id(t)][0] for t in chosen)
     rows: list[str] = []
-    seg: dict[str, list] = {k: [[], [], [], []] for k in ("compute", "communication", "memcpy",
-                                                            "wait", "late peer", "exposed")}
+    # per kind of time: starts, ends, rows (arrays), hover texts, labels (lists)
+    seg: dict[str, list] = {k: [[], [], [], [], []] for k in ("compute", "communication", "memcpy",
+                                                                "wait", "late peer", "exposed")}
 
-    def add(kind, row, s, e, text):
+    def add(kind, row, s, e, hover, labels):
         lst = seg[kind]
-        lst[0].append(s), lst[1].append(e), lst[2].append(np.full(s.size, row)), lst[3].extend(text)
+        lst[0].append(s), lst[1].append(e), lst[2].append(np.full(s.size, row))
+        lst[3].extend(hover), lst[4].extend(labels)
 
     for t in chosen:
         kinds = classify(t)
@@ -83,7 +95,7 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
         lo = -np.inf if t0 is None else t0 - shift
         hi = np.inf if t1 is None else t1 - shift
         sel = np.isin(kinds, _DRAWN) & (t.end >= max(w0, lo)) & (t.ts <= min(w1, hi))
-        for tr in np.unique(t.track_id[sel]).tolist():
+        for tr in np.unique(t.track_id[sel]).tolist():      # a track with no work gets no row
             idx = np.flatnonzero(sel & (t.track_id == tr))
             # Outermost spans only, except waits: a wait nested in an operator (an autograd
             # function that blocks on its all-reduce) is drawn over it, as the metrics count it.
@@ -92,13 +104,15 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
             idx = np.concatenate([other[_top_level(t.ts[other], t.end[other])],
                                   wait[_top_level(t.ts[wait], t.end[wait])]])
             row = len(rows)
-            rows.append(f"rank {t.rank} · {t.tracks[tr].name}")
+            thread = t.tracks[tr].name
+            rows.append(f"rank {t.rank} · {thread}")
             for code in _DRAWN:
                 k = idx[kinds[idx] == code]
                 if k.size == 0:
                     continue
-                text = [_hover(t, i, code) for i in k.tolist()]
-                add(KINDS[code], row, t.ts[k] + shift, t.end[k] + shift, text)
+                ks = k.tolist()
+                add(KINDS[code], row, t.ts[k] + shift, t.end[k] + shift,
+                    [_hover(t, i, code, thread) for i in ks], [_label(t, i, code) for i in ks])
         m = analyse(t, step=step)
         if m.comm_us > 0:
             comm = iv.union(t.ts[sel & (kinds == COMM)], t.end[sel & (kinds == COMM)])
@@ -107,34 +121,23 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
                 row = len(rows)
                 rows.append(f"rank {t.rank} · exposed comm")
                 add("exposed", row, exp[0] + shift, exp[1] + shift,
-                    [f"exposed communication<br>{e - s:,.1f} µs" for s, e in zip(*exp)])
+                    [f"<b>exposed communication</b><br>{e - s:,.1f} µs<br>rank {t.rank}: "
+                     "communicating, computing nothing" for s, e in zip(*exp)], [""] * exp[0].size)
 
     total = sum(sum(a.size for a in v[0]) for v in seg.values())
     fig = go.Figure()
-    for kind, (ss, es, ys, text) in seg.items():
-        if not ss:
-            continue
-        s, e, y = np.concatenate(ss), np.concatenate(es), np.concatenate(ys)
-        if total <= BAR_LIMIT:
-            fig.add_trace(go.Bar(orientation="h", base=s, x=e - s, y=y, name=kind,
-                                 marker_color=colors.color(kind), hovertext=text,
-                                 hoverinfo="text", width=0.35 if kind == "exposed" else 0.8))
-        else:
-            n = s.size
-            xs = np.empty(3 * n, dtype=object)
-            xs[0::3], xs[1::3], xs[2::3] = s, e, None
-            yy = np.empty(3 * n, dtype=object)
-            yy[0::3], yy[1::3], yy[2::3] = y, y, None
-            tt = np.empty(3 * n, dtype=object)
-            tt[0::3], tt[1::3], tt[2::3] = text, text, None
-            fig.add_trace(go.Scattergl(x=xs, y=yy, mode="lines", name=kind, hovertext=tt,
-                                       hoverinfo="text", line=dict(color=colors.color(kind),
-                                       width=4 if kind == "exposed" else 10)))
+    for kind, (ss, es, ys, hover, labels) in seg.items():
+        if ss:
+            s, e, y = np.concatenate(ss), np.concatenate(es), np.concatenate(ys)
+            add_trace = _bars if total <= BAR_LIMIT else _webgl_lines
+            fig.add_trace(add_trace(go, kind, s, e, y, hover, labels))
     label = run.label()
     what = f"step {step}" if step is not None else "all steps"
     fig.update_layout(
         title=title or f"Timeline ({what}) — {label}", barmode="overlay",
-        xaxis_title="time (µs)", height=max(250, 60 + 34 * len(rows)),
+        # rows 40 px apart leave a bar room for a 10 px label; one that does not fit is hidden
+        xaxis_title="time (µs)", height=max(250, 110 + 40 * len(rows)), hovermode="closest",
+        uniformtext=dict(minsize=8, mode="hide"),
         yaxis=dict(tickmode="array", tickvals=list(range(len(rows))), ticktext=rows,
                    autorange="reversed"),
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
@@ -144,9 +147,47 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
     return fig
 
 
-def _hover(t: Trace, i: int, code: int) -> str:
+# Label colour inside each kind's bars: white on the dark colours, black on the light ones.
+_TEXT_COLOR = {"compute": "white", "memcpy": "white", "exposed": "white"}
+
+
+def _bars(go, kind, s, e, y, hover, labels):
+    """One horizontal bar per span, labelled inside where the label fits."""
+    return go.Bar(orientation="h", base=s, x=e - s, y=y, name=kind,
+                  marker_color=colors.color(kind), hovertext=hover, hoverinfo="text",
+                  text=labels, textposition="inside", insidetextanchor="middle",
+                  constraintext="inside", textangle=0,
+                  textfont=dict(color=_TEXT_COLOR.get(kind, "black"), size=10),
+                  width=0.35 if kind == "exposed" else 0.8)
+
+
+def _webgl_lines(go, kind, s, e, y, hover, labels):
+    """All spans of one kind as one WebGL line trace: start, middle, end, gap per span."""
+    n = s.size
+    xs, yy, tt = (np.empty(4 * n, dtype=object) for _ in range(3))
+    xs[0::4], xs[1::4], xs[2::4], xs[3::4] = s, (s + e) / 2, e, None
+    for j in range(3):
+        yy[j::4], tt[j::4] = y, hover
+    yy[3::4] = tt[3::4] = None
+    return go.Scattergl(x=xs, y=yy, mode="lines", name=kind, hovertext=tt, hoverinfo="text",
+                        line=dict(color=colors.color(kind), width=4 if kind == "exposed" else 10))
+
+
+def _label(t: Trace, i: int, code: int) -> str:
+    """The short name written inside a bar (short, so that more of them fit)."""
     name = t.names[t.name_id[i]]
-    txt = f"{name}<br>{t.dur[i]:,.1f} µs"
+    if code == COMM:
+        return collective_of(t, i)
+    if code == LATE:
+        return "peers late"
+    if code == WAIT:
+        return f"wait {canonical_collective(name)}"         # link_wait:barrier -> wait barrier
+    return name.split("::", 1)[1] if name.startswith("aten::") else name
+
+
+def _hover(t: Trace, i: int, code: int, thread: str) -> str:
+    name = t.names[t.name_id[i]]
+    txt = f"<b>{name}</b><br>{t.dur[i]:,.1f} µs<br>{KINDS[code]} · rank {t.rank} · {thread}"
     if code == COMM:
         b = t.nbytes[i]
         txt += f"<br>{collective_of(t, i)}, " + ("bytes unknown" if np.isnan(b) else f"{int(b):,} B")
@@ -156,8 +197,6 @@ def _hover(t: Trace, i: int, code: int) -> str:
 def metrics_table_html(traces, step=None, ranks=None) -> str:
     """An HTML table of the per-rank metrics (used by the explorer and the report)."""
     run = as_run(traces)
-    head = ("rank", "device", "step µs", "compute µs", "comm µs", "overlap %",
-            "exposed comm µs", "of which late peer µs", "wait µs", "idle µs")
     rows = []
     for t in run.traces:
         if ranks is not None and t.rank not in ranks:
@@ -165,10 +204,28 @@ def metrics_table_html(traces, step=None, ranks=None) -> str:
         m = analyse(t, step=step)
         pct = "–" if m.overlap_pct is None else f"{m.overlap_pct:.1f}"
         cells = (t.rank, m.device, f"{m.step_us:,.1f}", f"{m.compute_us:,.1f}", f"{m.comm_us:,.1f}",
-                 pct, f"{m.exposed_comm_us:,.1f}", f"{m.skew_us:,.1f}", f"{m.wait_us:,.1f}", f"{m.idle_us:,.1f}")
+                 pct, f"{m.exposed_comm_us:,.1f}", f"{m.late_us:,.1f}", f"{m.skew_us:,.1f}",
+                 f"{m.wait_us:,.1f}", f"{m.idle_us:,.1f}")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return ("<table class='wb-metrics'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
-            + "".join(rows) + "</table>")
+    head = "".join(f"<th title='{tip}'>{h}</th>" for h, tip in METRIC_COLUMNS)
+    return f"<table class='wb-metrics'><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+#: The metrics table's columns: (header, what it means -- the header's tooltip).
+METRIC_COLUMNS = (
+    ("rank", "rank"), ("device", "where the time was measured"),
+    ("step µs", "length of the profiled steps"),
+    ("compute µs", "union of the compute spans, waits cut out"),
+    ("comm µs", "union of the communication spans"),
+    ("overlap %", "share of communication time during which the rank computes"),
+    ("exposed comm µs", "communication time during which the rank computes nothing"),
+    ("late-peer µs", "total of the yellow late-peer spans: an op's modelled transfer was over "
+                     "but a peer had not issued it yet"),
+    ("exposed comm while a peer was late µs", "the part of the exposed communication that fell "
+                                              "inside a late-peer span (skew_us)"),
+    ("wait µs", "the compute thread blocked on a collective"),
+    ("idle µs", "nothing running on the rank"),
+)
 
 
 def explorer(traces):

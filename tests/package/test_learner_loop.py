@@ -1,0 +1,188 @@
+"""The learner's loop, tried the way a new user meets it: a wrong answer, a hang, a stub.
+
+* a wrong answer gives a verdict (rank, build, expected vs got), exit 1, never a hang report;
+* a hang ends in the per-rank report with default options, exit 2, under ``workbook run`` and
+  under ``torchrun`` (one report, not a traceback per rank), and leaves no process behind;
+* every generated stub's self-check exits 1;
+* the grader lists each failure once, with its full message and without its own source.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workbook.grading import engine
+from workbook.grading.labs import LABS
+from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTION = (ROOT / "solutions" / "collectives.py").read_text()
+
+
+def _lab_copy(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
+    """A copy of the collectives solution with ``edits`` (old, new) applied: a learner's file."""
+    text = SOLUTION
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "collectives.py").write_text(text)
+    return folder
+
+
+REDUCE_NEVER_COMBINES = ("                dist.recv(incoming, src=peer)\n"
+                         "                combine(tensor, incoming, op)",
+                         "                dist.recv(incoming, src=peer)")
+BROADCAST_INTO_SCRATCH = ("        dist.recv(tensor, src=src)\n    ### END SOLUTION\n    return tensor\n\n\n"
+                          "def tree_broadcast",
+                          "        dist.recv(torch.empty_like(tensor), src=src)\n    ### END SOLUTION\n"
+                          "    return tensor\n\n\ndef tree_broadcast")
+BARRIER_SKIPS_A_RECV = ("        dist.recv(heard, src=(rank - step) % n)\n",
+                        "        if not (rank == 3 and step == 2):\n"
+                        "            dist.recv(heard, src=(rank - step) % n)\n")
+
+
+def _workbook(*args, timeout=240) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "workbook.cli", *args], cwd=ROOT, text=True,
+                          capture_output=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+
+
+def _left_running(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if marker in ln and "ps -eo" not in ln]
+
+
+def test_wrong_answers_give_verdicts_not_hangs(tmp_path):
+    """A reduce that never combines and a broadcast that receives into a scratch buffer, on 4
+    ranks: each build's verdict names the rank and says expected vs got; exit 1; no hang."""
+    lab = _lab_copy(tmp_path, "wrong", REDUCE_NEVER_COMBINES, BROADCAST_INTO_SCRATCH)
+    code, out, seconds = _workbook("run", "collectives", "--impl", str(lab), "--nproc", "4")
+    assert code == 1, out
+    assert seconds < 60, f"took {seconds:.0f} s"
+    assert "FAIL  reduce_matches_builtin" in out and "FAIL  broadcast_matches_builtin" in out, out
+    assert "reduce(dst=" in out and "broadcast(src=" in out, out
+    assert "expected" in out and "got" in out and "rank " in out, out
+    assert "not graded while the results are wrong" in out      # no pattern points for it
+    assert "did not finish" not in out and "waiting in" not in out, out
+    assert "ok    use_builtins" in out                           # the rest still ran
+
+
+def test_a_hang_ends_in_the_report_by_default(tmp_path):
+    """A barrier that skips one receive: ``workbook run`` (default options) and ``torchrun``
+    (run side by side) both end with the per-rank report, exit status 2, in few lines, and
+    leave no process behind."""
+    lab = _lab_copy(tmp_path, "hang", BARRIER_SKIPS_A_RECV)
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    t0 = time.monotonic()
+    jobs = {"workbook run": subprocess.Popen(
+        [sys.executable, "-m", "workbook.cli", "run", "collectives", "--impl", str(lab),
+         "--nproc", "4"], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT)}
+    if torchrun:
+        jobs["torchrun"] = subprocess.Popen(
+            [torchrun, "--standalone", "--nproc_per_node=4", str(lab / "collectives.py")],
+            cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    outs = {name: p.communicate(timeout=300)[0] for name, p in jobs.items()}
+    seconds = time.monotonic() - t0
+    out = outs["workbook run"]
+    assert jobs["workbook run"].returncode == 2, out
+    assert "HANG  barrier_waits_for_everyone" in out and "rank 3: waiting in" in out, out
+    assert "the ranks disagree" in out, out
+    assert len(out.splitlines()) <= 40, out
+    assert "Traceback" not in out and "Timed out waiting" not in out, out
+    if torchrun:
+        out = outs["torchrun"]
+        assert jobs["torchrun"].returncode != 0, out           # torchrun turns any failure into 1
+        assert "HANG  barrier_waits_for_everyone" in out and "rank 3: waiting in" in out, out
+        assert "exitcode  : 2" in out, out                      # rank 0 carried status 2
+        assert out.count("HANG  ") == 1, out                    # one report, not one per rank
+        assert "Timed out waiting" not in out, out
+        assert len(out.splitlines()) <= 60, out
+    assert seconds < 150, f"took {seconds:.0f} s"
+    time.sleep(1)
+    assert not _left_running(str(lab)), _left_running(str(lab))
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_stub_self_check_exits_1(lab, capsys):
+    """The generated labs/ (TODOs that raise): each self-check says what is not implemented
+    and exits 1 (nothing passes, nothing hangs)."""
+    from workbook.selfcheck import self_check
+    code = self_check(lab, impl="labs", timeout=60)
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "not implemented yet" in out, out
+    assert "HANG" not in out, out
+
+
+def test_grader_lists_each_failure_once_in_full(tmp_path):
+    lab = _lab_copy(tmp_path, "wrong", REDUCE_NEVER_COMBINES)
+    code, out, _ = _workbook("grade", "--lab", "collectives", "--impl", str(lab))
+    assert code == 1, out
+    message = next(ln.strip() for ln in out.splitlines() if "reduce(dst=" in ln)
+    assert message.startswith("rank ") and "expected" in message and message.endswith(")")
+    assert out.count(message) == 1, out                         # once, never cut
+    assert "collectives::reduce_matches_builtin" in out and "TOTAL" in out
+    assert "short test summary" not in out and "def _check" not in out, out
+    assert "\nE " not in out, out                               # no pytest assertion dump
+
+
+def test_a_learners_exception_names_their_line(tmp_path):
+    lab = _lab_copy(tmp_path, "raises", ("    mask = 1\n    while mask < n:\n        if v < mask",
+                                         "    mask = 1\n    [][rank]\n    while mask < n:\n        if v < mask"))
+    os.environ.pop("WORKBOOK_IMPL", None)
+    from workbook.selfcheck import self_check
+    verdicts = []
+    try:
+        code = self_check("collectives", impl=str(lab), nproc=2, write=verdicts.append)
+    finally:
+        os.environ.pop("WORKBOOK_IMPL", None)
+    text = "\n".join(verdicts)
+    assert code == 1, text
+    assert "your code raised IndexError" in text and "collectives.py:" in text, text
+    assert "in tree_broadcast" in text, text
+
+
+# --------------------------------------------------------------------------- the timing policy
+def test_measure_until_clear_stops_at_a_pass():
+    seen = []
+    assert measure_until_clear(lambda k: seen.append(k) or 95.0, lambda r: 90.0 - r) == 95.0
+    assert seen == [0]
+
+
+def test_a_near_miss_is_measured_again_and_the_best_counts():
+    figures = iter([80.0, 85.0, 91.0])
+    assert measure_until_clear(lambda k: next(figures), lambda r: 90.0 - r) == 91.0
+
+
+def test_a_clear_miss_or_a_wrong_structure_is_not_measured_again():
+    seen = []
+    measure_until_clear(lambda k: seen.append(k) or 1.0, lambda r: 90.0 - r)
+    assert seen == [0]
+    seen.clear()
+    measure_until_clear(lambda k: seen.append(k) or 99.0, lambda r: STRUCTURAL)
+    assert seen == [0]
+
+
+def test_hidden_pct_excuses_a_late_peer():
+    assert hidden_pct(100.0, 40.0) == pytest.approx(60.0)
+    assert hidden_pct(100.0, 40.0, skew_us=30.0) == pytest.approx(90.0)
+    assert hidden_pct(100.0, 10.0, skew_us=30.0) == pytest.approx(100.0)
+    assert hidden_pct(0.0, 0.0) == 0.0
+
+
+def test_exit_codes():
+    v = lambda status: engine.Verdict("x", "y", 1.0, status)     # noqa: E731
+    assert engine.exit_code([v(engine.PASSED), v(engine.SKIPPED)]) == 0
+    assert engine.exit_code([v(engine.PASSED), v(engine.NOT_IMPLEMENTED)]) == 1
+    assert engine.exit_code([v(engine.FAILED), v(engine.HANG)]) == 2
