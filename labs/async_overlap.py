@@ -23,13 +23,12 @@ Two exercises:
    an all-reduce (as a row-parallel linear layer's output does in tensor parallelism); chunk k's
    all-reduce travels while chunk k+1 is computed. This is the heart of Domino (lab 6).
 
-Run it: ``python solutions/async_overlap.py --nproc 2 --link dgx-h100`` (or ``workbook run
-async_overlap --nproc 2 --link dgx-h100 --trace-dir runs/async``); grade it with
+Run it: ``workbook run async_overlap`` (the grader's checks, then serial vs overlapped time on
+the simulated dgx-h100 link), ``python labs/async_overlap.py --trace-dir runs/async`` or
+``torchrun --nproc_per_node=2 labs/async_overlap.py``; grade it with
 ``workbook grade --lab async_overlap``.
 """
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.distributed as dist
@@ -62,111 +61,6 @@ def pipelined_all_reduce(chunks: list[torch.Tensor], layer) -> list[torch.Tensor
     return outputs
 
 
-# --------------------------------------------------------------------------- self-check
-def _busy(seconds: float, n: int = 384):
-    """Independent compute for about ``seconds``: a chain of matrix products."""
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g) / n ** 0.5
-    b = a.clone()
-    t0 = time.perf_counter()
-    steps = 0
-    while time.perf_counter() - t0 < seconds or steps == 0:
-        b = torch.tanh(a @ b)
-        steps += 1
-    return b
-
-
-def _sample(shape, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(-9, 10, shape, generator=g).float()
-
-
-def self_check(trace_dir=None) -> dict:
-    """On every rank: both exercises against the synchronous all-reduce, with timings.
-
-    The compute given to each exercise lasts about twice the modelled all-reduce (on
-    ``--link none`` the transfer is nearly free and there is little to see). With ``trace_dir``
-    the overlapped step is profiled, and the trace's overlap % is added."""
-    from contextlib import nullcontext
-
-    from workbook import link
-    rank, n = dist.get_rank(), dist.get_world_size()
-    sim = link.current_link()
-    size = 1 << 16                                             # float32 elements: 256 KiB
-    comm_s = sim.op_time("all_reduce", 4 * size, n) if sim else 0.0
-    busy_s = max(2.0 * comm_s, 0.005)
-    out = {"rank": rank, "world_size": n, "link": sim.label if sim else "none",
-           "modelled_all_reduce_ms": comm_s * 1e3}
-    x = _sample((size,), rank)
-    expected = x.clone()
-    dist.all_reduce(expected)
-    chunks = [_sample((5, 64), 100 * rank + k) for k in range(4)]
-    w = _sample((64, size // 64 // 4), 7 + rank)
-
-    def layer(c):
-        _busy(busy_s)
-        return c @ w
-
-    want = []
-    for c in chunks:
-        y = c @ w
-        dist.all_reduce(y)
-        want.append(y)
-    tracing = nullcontext()
-    if trace_dir is not None:
-        from workbook.trace.capture import rank_trace
-        tracing = rank_trace(trace_dir, lab="async_overlap")
-    try:
-        got = x.clone()
-        dist.barrier()                      # outside the trace: a barrier is link time too
-        with tracing:
-            t0 = time.perf_counter()
-            overlapped_all_reduce(got, lambda: _busy(busy_s))
-            t1 = time.perf_counter()
-            outs = pipelined_all_reduce(chunks, layer)
-            t2 = time.perf_counter()
-    except NotImplementedError as exc:
-        out["status"] = str(exc)
-        return out
-    ok1 = torch.equal(got, expected)
-    ok2 = len(outs) == len(want) and all(torch.equal(a, b) for a, b in zip(outs, want))
-    out["status"] = "ok" if ok1 and ok2 else (
-        ("overlapped_all_reduce differs from the synchronous all-reduce; " if not ok1 else "")
-        + ("pipelined_all_reduce differs from the synchronous all-reduce" if not ok2 else ""))
-    out.update(compute_ms=busy_s * 1e3, overlapped_ms=(t1 - t0) * 1e3,
-               pipelined_ms=(t2 - t1) * 1e3)
-    if trace_dir is not None and n > 1 and sim is not None:
-        from pathlib import Path
-
-        from workbook import trace
-        out["trace_overlap_pct"] = trace.overlap_pct(
-            trace.load_trace(Path(trace_dir) / f"rank{rank}.trace.json"))
-    return out
-
-
-def describe(results: list[dict]) -> str:
-    first, n = results[0], len(results)
-    states = {r["status"] for r in results}
-    summary = f"{states.pop()} on every rank" if len(states) == 1 else "; ".join(
-        f"rank {r['rank']}: {r['status']}" for r in results)
-    lines = [f"async overlap lab, {n} rank(s): {summary}"]
-    if "overlapped_ms" in first:
-        slow = max(r["overlapped_ms"] for r in results)
-        comm, comp = first["modelled_all_reduce_ms"], first["compute_ms"]
-        lines.append(f"one all-reduce (modelled {comm:.1f} ms) + {comp:.1f} ms of compute: "
-                     f"{slow:.1f} ms overlapped, {comm + comp:.1f} ms one after the other")
-        lines.append(f"4 chunks of {comp:.1f} ms compute, pipelined: "
-                     f"{max(r['pipelined_ms'] for r in results):.1f} ms "
-                     f"({4 * (comm + comp):.1f} ms one after the other)")
-        if "trace_overlap_pct" in first:
-            pct = ", ".join(f"rank {r['rank']}: {r['trace_overlap_pct']:.0f}%" for r in results
-                            if r.get("trace_overlap_pct") is not None)
-            lines.append(f"communication hidden behind compute (from the trace): {pct} "
-                         "(the last chunk's all-reduce has nothing left to hide behind)")
-        lines.append(first["link"])
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    from workbook.launch import main
-    main(self_check, describe=describe)
+    from workbook.selfcheck import main
+    main(__file__)

@@ -64,13 +64,14 @@ launched after chunk k's GEMM is scheduled before chunk k+1's GEMMs instead of q
 them, which is what the schedule assumes (Megatron sets it for the same reason). On the
 simulated link (CPU, gloo) the link carries one operation at a time in issue order.
 
-Run it: ``python solutions/domino.py --nproc 2 --link dgx-h100``; grade it with
-``workbook grade --lab domino``; compare variants with ``workbook bench domino``.
+Run it: ``workbook run domino`` (the grader's checks, then hidden % and the speed-up over vanilla
+TP on the simulated dgx-h100 link), ``python labs/domino.py --trace-dir runs/domino`` or
+``torchrun --nproc_per_node=2 labs/domino.py``; grade it with ``workbook grade --lab domino``;
+compare variants with ``workbook bench domino``.
 """
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 import torch.distributed as dist
@@ -364,7 +365,7 @@ def train_step(m: TPStack, x, targets, *, variant: str = "domino", p: int = 4, s
     return loss.detach()
 
 
-# --------------------------------------------------------------------------- self-check
+# --------------------------------------------------------------------------- the reference
 def reference_step(cfg: ModelConfig, x, targets, step: int = 0):
     """The single-device ground truth: ``(loss, hidden, {name: grad}, grad_x)``."""
     from workbook.model import Block, LMHead, grads_by_name
@@ -383,74 +384,6 @@ def reference_step(cfg: ModelConfig, x, targets, step: int = 0):
     return loss.detach(), h.detach(), grads, x.grad
 
 
-def self_check(trace_dir=None) -> dict:
-    """On every rank: Domino against vanilla TP and the reference (fp64), then timed steps."""
-    from contextlib import nullcontext
-
-    from workbook import link
-    from workbook.model import shard_spec, slice_for_rank
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = ModelConfig(hidden=48, heads=4 * world, ffn_hidden=96, n_layers=2, seq_len=8,
-                      vocab_size=64, dropout=0.1, dtype="float64") if 48 % (4 * world) == 0 else \
-        ModelConfig(hidden=8 * world, heads=world, ffn_hidden=16 * world, n_layers=2, seq_len=8,
-                    vocab_size=16 * world, dropout=0.1, dtype="float64")
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(4, cfg.seq_len, cfg.hidden, generator=g, dtype=torch.float64)
-    targets = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len), generator=g)
-    out = {"rank": rank, "world_size": world}
-    try:
-        ref_loss, ref_h, ref_grads, _ = reference_step(cfg, x, targets)
-        m = TPStack(cfg, rank, world)
-        reg = HandleRegistry()
-        loss, h = domino_forward(m, x, targets, 2, reg)
-        loss.backward()
-        reg.check_empty()
-        worst = max((m.params[n].grad - slice_for_rank(ref_grads[n], shard_spec(n) if n.startswith(
-            "blocks.") else (("replicated", None)), rank, world)).abs().max().item() for n in m.params)
-        out.update(loss_err=abs(loss.item() - ref_loss.item()),
-                   hidden_err=(h - ref_h).abs().max().item(), grad_err=worst)
-    except NotImplementedError as exc:
-        out["status"] = str(exc)
-        return out
-    out["status"] = "ok" if max(out["loss_err"], out["hidden_err"], out["grad_err"]) < 1e-9 else \
-        "differs from the reference"
-    sim = link.current_link()
-    big = ModelConfig(hidden=1024, heads=16, ffn_hidden=4096, n_layers=2, seq_len=128, vocab_size=2048)
-    m = TPStack(big, rank, world)
-    xb = torch.randn(8, 128, 1024, generator=g)
-    tb = torch.randint(0, 2048, (8, 128), generator=g)
-    tracing = nullcontext()
-    if trace_dir is not None:
-        from workbook.trace.capture import rank_trace
-        tracing = rank_trace(trace_dir, lab="domino")
-    for variant in ("vanilla_tp", "domino", "no_comm"):
-        train_step(m, xb, tb, variant=variant)                   # warm-up
-        dist.barrier()
-        with (tracing if variant == "domino" else nullcontext()):
-            t0 = time.perf_counter()
-            train_step(m, xb, tb, variant=variant)
-            out[f"{variant}_ms"] = (time.perf_counter() - t0) * 1e3
-        m.zero_grad()
-    out["link"] = sim.label if sim else "none"
-    return out
-
-
-def describe(results: list[dict]) -> str:
-    first, n = results[0], len(results)
-    states = {r["status"] for r in results}
-    lines = [f"domino lab, {n} rank(s): " + (f"{states.pop()} on every rank" if len(states) == 1
-                                              else "; ".join(f"rank {r['rank']}: {r['status']}" for r in results))]
-    if "loss_err" in first:
-        lines.append("max |domino - reference| (fp64, p=2): loss {:.1e}, hidden {:.1e}, grads {:.1e}".format(
-            *(max(r[k] for r in results) for k in ("loss_err", "hidden_err", "grad_err"))))
-    if "domino_ms" in first:
-        slow = {v: max(r[f"{v}_ms"] for r in results) for v in ("vanilla_tp", "domino", "no_comm")}
-        lines.append("one training step (hidden 1024, 2 layers, batch 8x128, p=4): " + ", ".join(
-            f"{v} {t:.0f} ms" for v, t in slow.items()))
-        lines.append(first["link"])
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    from workbook.launch import main
-    main(self_check, describe=describe)
+    from workbook.selfcheck import main
+    main(__file__)

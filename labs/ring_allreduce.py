@@ -32,13 +32,13 @@ ring (this lab)                        2 (n-1) (alpha + S / (n beta))
 The ring pays the most latency terms and the fewest bytes: it wins for large S, the tree for
 small S (``crossover_bytes``). NCCL picks between them by size for this reason.
 
-Run it: ``torchrun --nproc_per_node=4 solutions/ring_allreduce.py`` or
-``python solutions/ring_allreduce.py --nproc 3 [--link dgx-h100]``.
+Run it: ``workbook run ring_allreduce`` (the grader's checks, then your ring's algbw/busbw
+beside the built-in), ``python labs/ring_allreduce.py --nproc 3 [--link dgx-h100]`` or
+``torchrun --nproc_per_node=4 labs/ring_allreduce.py``.
 """
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 import torch.distributed as dist
@@ -125,70 +125,6 @@ def bus_bandwidth(size_bytes: float, seconds: float, n: int) -> float:
     return size_bytes / seconds * 2 * (n - 1) / n if n > 1 else 0.0
 
 
-# --------------------------------------------------------------------------- self-check
-def _timed(fn, tensor, iters=5):
-    fn(tensor.clone())                                     # warm-up (and connection set-up)
-    best = math.inf
-    for _ in range(iters):
-        t = tensor.clone()
-        dist.barrier()
-        start = time.perf_counter()
-        fn(t)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def self_check(sizes=(1, 10, 1003)) -> dict:
-    """On every rank: the ring against the built-in (sum, max, min; awkward sizes), then one
-    timing of each at 1 MB. With a simulated link, the model's prediction is added."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
-        else torch.device("cpu")
-    status = "ok"
-    try:
-        for k in sizes:
-            for op in (SUM, MAX, MIN):
-                g = torch.Generator().manual_seed(1000 * rank + k)
-                x = torch.randint(-20, 21, (k,), generator=g).float().to(device)
-                expected = x.clone()
-                dist.all_reduce(expected, op=op)
-                if not torch.equal(ring_all_reduce(x, op), expected):
-                    status = f"differs from the built-in ({op}, {k} elements)"
-    except NotImplementedError as exc:
-        return {"rank": rank, "world_size": n, "status": str(exc)}
-    size = 1 << 20
-    x = torch.ones(size // 4, device=device)
-    ring_s, builtin_s = _timed(ring_all_reduce, x), _timed(dist.all_reduce, x)
-    out = {"rank": rank, "world_size": n, "status": status, "size_bytes": size,
-           "ring_us": ring_s * 1e6, "builtin_us": builtin_s * 1e6}
-    from workbook import link                             # None unless --link was given
-    sim = link.current_link()
-    if sim is not None and n > 1:
-        out["link"] = sim.label
-        out["model_ring_us"] = ring_time(size, n, sim.latency_s, sim.bandwidth_Bps) * 1e6
-        out["model_tree_us"] = tree_time(size, n, sim.latency_s, sim.bandwidth_Bps) * 1e6
-    return out
-
-
-def describe(results: list[dict]) -> str:
-    first, n = results[0], len(results)
-    states = {r["status"] for r in results}
-    summary = f"{states.pop()} on every rank" if len(states) == 1 else "; ".join(
-        f"rank {r['rank']}: {r['status']}" for r in results)
-    lines = [f"ring all-reduce lab, {n} rank(s): {summary}"]
-    if "ring_us" in first:
-        slowest = {k: max(r[k] for r in results) for k in ("ring_us", "builtin_us")}
-        lines.append(f"{'1 MB all-reduce':<22}{'time (us)':>12}{'busbw (GB/s)':>14}")
-        for name, key in (("ring (yours)", "ring_us"), ("built-in", "builtin_us")):
-            bw = bus_bandwidth(first["size_bytes"], slowest[key] / 1e6, n) / 1e9
-            lines.append(f"{name:<22}{slowest[key]:>12.0f}{bw:>14.2f}")
-        if "model_ring_us" in first:
-            lines.append(f"{'model: ring':<22}{first['model_ring_us']:>12.0f}")
-            lines.append(f"{'model: tree':<22}{first['model_tree_us']:>12.0f}")
-            lines.append(first["link"])
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    from workbook.launch import main
-    main(self_check, describe=describe)
+    from workbook.selfcheck import main
+    main(__file__)

@@ -27,7 +27,6 @@ import torch
 from IPython.display import display
 
 from workbook import colors, link, trace
-from workbook.grading.labs import load_lab
 from workbook.lessons import check_your_work, on_ranks
 from workbook.trace.analyse import phase_ranges
 
@@ -209,41 +208,32 @@ display(W.VBox([W.HBox([sliders["hidden"], sliders["seq"], sliders["batch"]]),
 #
 # ## Your block on 2 ranks
 #
-# The `tp` lab builds all of the above from the reference model's weights. Its `self_check`
-# runs one TP block (fp64, `B=2, S=16, H=64`), compares outputs and every gradient with the
-# single-device block, and traces a forward and a backward pass (`record_function("forward")`
-# and `"backward"`). Below it runs on warm ranks over the simulated DGX-H100 link: first **your**
-# `labs/tp.py`; if that is not finished, the reference in `solutions/tp.py`.
+# The `tp` lab builds all of the above from the reference model's weights. Its figures
+# (`workbook.reports.tp`, what `workbook run tp` prints after the grader's checks) run one TP
+# block (fp64, `B=2, S=16, H=64`), trace a forward and a backward pass
+# (`record_function("forward")` and `"backward"`), and measure the activation memory each rank
+# keeps for backward. Below they run on warm ranks over the simulated DGX-H100 link: first
+# **your** `labs/tp.py`; if that is not finished, the reference in `solutions/tp.py`. (Whether
+# your numbers are *right* is the grader's question: the last cell of this lesson.)
 
 # %%
-def traced_self_check(self_check, trace_dir):
-    import torch
-
-    import workbook.trace.capture  # noqa: F401  (its profiler settings, before the first start)
-    with torch.profiler.profile():          # the first profiler start in a process is slow
-        pass
-    return self_check(trace_dir=trace_dir)
-
+from workbook.reports import tp as report
 
 runs = Path(tempfile.mkdtemp(prefix="lesson4-"))
 source, results = "your labs/tp.py", None
 try:
-    lab = load_lab("tp", "labs")
-    results = on_ranks(traced_self_check, RANKS, lab.self_check, str(runs / "labs"), link=PRESET)
-    status = results[0]["status"]
-except Exception as exc:                    # a half-written lab may fail in other ways
+    results = on_ranks(report.run, RANKS, str(runs / "labs"), "labs", link=PRESET)
+except Exception as exc:                    # not implemented yet, or a half-written lab failing
     status = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-if results is None or "block" not in results[0] or not (runs / "labs").is_dir():
+if results is None:
     print(f"Your lab is not done yet ({status}).\nShowing the REFERENCE run "
           "(solutions/tp.py) instead; come back after the exercise to see your own.\n")
-    lab, source = load_lab("tp", "solutions"), "the reference solutions/tp.py"
-    results = on_ranks(traced_self_check, RANKS, lab.self_check, str(runs / "solutions"), link=PRESET)
+    source = "the reference solutions/tp.py"
+    results = on_ranks(report.run, RANKS, str(runs / "solutions"), "solutions", link=PRESET)
     run_dir = runs / "solutions"
 else:
     run_dir = runs / "labs"
-    if status != "ok":
-        print(f"Your lab runs, but: {status}\n")
-print(lab.describe(results))
+print(report.describe(results))
 
 # %% [markdown]
 # ### Planned

@@ -41,8 +41,8 @@ Conventions of the builds
 * Only point-to-point calls are allowed in part 2: the grader's flight recorder fails any
   build that calls a collective (``dist.broadcast``, ``dist.barrier``, ...).
 
-Run it: ``torchrun --nproc_per_node=4 solutions/collectives.py`` or
-``python solutions/collectives.py --nproc 3``.
+Run it: ``workbook run collectives`` (the grader's checks, then what each build sent),
+``python labs/collectives.py --nproc 3`` or ``torchrun --nproc_per_node=4 labs/collectives.py``.
 """
 from __future__ import annotations
 
@@ -296,85 +296,6 @@ def barrier() -> None:
     ### END SOLUTION
 
 
-# --------------------------------------------------------------------------- self-check
-def _same(a, b) -> bool:
-    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-
-
-def self_check(sizes=(7, 1000)) -> dict:
-    """On every rank: each build against its built-in (float32 small integers, root n-1)."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    root, dev = n - 1, _device()
-
-    def x(k):                                # this rank's float32[k]: exact in any sum order
-        g = torch.Generator().manual_seed(100 * rank + k)
-        return torch.randint(-20, 21, (k,), generator=g).float().to(dev)
-
-    def own(k):                              # this rank's chunk of a k-element buffer
-        return chunk_views(x(k), n)[rank].clone()
-
-    def at_root(t):
-        return t if rank == root else None
-
-    def builtin(fn, t, *args):
-        fn(t, *args)
-        return t
-
-    def gathered(fn, k):
-        bucket = [torch.empty(k, device=dev) for _ in range(n)] if rank == root else None
-        fn(x(k), bucket, root)
-        return at_root(bucket and torch.cat(bucket))
-
-    def placed(k):                           # built-in all-gather with uneven chunks:
-        full = torch.zeros(k, device=dev)    # own chunk in zeros, then a sum all-reduce
-        chunk_views(full, n)[rank].copy_(own(k))
-        return builtin(dist.all_reduce, full)
-
-    parts = lambda k: [x(k) + 100 * j for j in range(n)]                    # noqa: E731
-    cases = {
-        "use_builtins": (lambda k: use_builtins(root)["all_reduce"], lambda k: [float(n)] * 3),
-        "broadcast": (lambda k: broadcast(x(k), root), lambda k: builtin(dist.broadcast, x(k), root)),
-        "tree_broadcast": (lambda k: tree_broadcast(x(k), root),
-                           lambda k: builtin(dist.broadcast, x(k), root)),
-        "reduce": (lambda k: at_root(reduce(x(k), root)),
-                   lambda k: at_root(builtin(dist.reduce, x(k), root))),
-        "tree_reduce": (lambda k: at_root(tree_reduce(x(k), root, MAX)),
-                        lambda k: at_root(builtin(dist.reduce, x(k), root, MAX))),
-        "all_reduce": (lambda k: all_reduce(x(k)), lambda k: builtin(dist.all_reduce, x(k))),
-        "gather": (lambda k: gathered(gather, k), lambda k: gathered(dist.gather, k)),
-        "scatter": (lambda k: scatter(torch.empty(k, device=dev), parts(k), root),
-                    lambda k: builtin(dist.scatter, torch.empty(k, device=dev),
-                                      parts(k) if rank == root else None, root)),
-        "all_gather": (lambda k: all_gather(torch.empty(k, device=dev), own(k)), placed),
-        "reduce_scatter": (lambda k: reduce_scatter(torch.empty_like(own(k)), x(k)),
-                           lambda k: chunk_views(builtin(dist.all_reduce, x(k)), n)[rank]),
-        "barrier": (lambda k: barrier(), lambda k: None),
-    }
-    status = {}
-    for name, (mine, reference) in cases.items():
-        try:
-            same = all(_same(mine(k), reference(k)) for k in sizes)
-            status[name] = "ok" if same else "differs from the built-in"
-        except NotImplementedError:
-            status[name] = "not implemented yet"
-    return {"rank": rank, "world_size": n, "root": root, "status": status}
-
-
-def describe(results: list[dict]) -> str:
-    """One line per build: its status on every rank, or each rank's where they disagree."""
-    n = len(results)
-    lines = [f"collectives lab, {n} rank(s), root {results[0]['root']}, sizes checked 7 and 1000",
-             f"{'build':<16} result"]
-    for name in results[0]["status"]:
-        states = {r["status"][name] for r in results}
-        if len(states) == 1:
-            text = states.pop() + (" on every rank" if n > 1 else "")
-        else:
-            text = "; ".join(f"rank {r['rank']}: {r['status'][name]}" for r in results)
-        lines.append(f"{name:<16} {text}")
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    from workbook.launch import main
-    main(self_check, describe=describe)
+    from workbook.selfcheck import main
+    main(__file__)

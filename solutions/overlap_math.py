@@ -26,6 +26,9 @@ Per layer (h hidden, f ffn hidden, b batch, s sequence, e bytes per element):
 
 A ratio comm / compute below 1 means the communication *can* hide (if the schedule lets it);
 above 1, no schedule can: the step takes at least the communication time.
+
+Run it: ``workbook run overlap_math`` (the grader's checks, then a table of your predictions),
+``python labs/overlap_math.py`` or ``torchrun --nproc_per_node=2 labs/overlap_math.py``.
 """
 from __future__ import annotations
 
@@ -157,7 +160,7 @@ def pp_stage(layer: Layer, layers_per_stage: int, hw: Hardware) -> Prediction:
     ### END SOLUTION
 
 
-# ----------------------------------------------------------------------------- self-check
+# ----------------------------------------------------------------------------- a measured step
 def measure_tp_like_step(hidden: int = 256, tokens: int = 512):
     """On a rank: one forward of a column->row MLP pair with its all-reduce, on the current link.
 
@@ -181,27 +184,6 @@ def measure_tp_like_step(hidden: int = 256, tokens: int = 512):
             "bytes": y.numel() * y.element_size(), "world": n}
 
 
-def self_check(trace_dir=None):
-    from workbook import link
-    sim = link.current_link()
-    out = measure_tp_like_step()
-    if sim is not None:
-        out["predicted_s"] = collective_time("all_reduce", out["bytes"], out["world"],
-                                             simulated_hardware(sim))
-    layer = Layer(hidden=8192, ffn_hidden=4 * 8192, batch=1, seq=4096)
-    out["h100_tp8_ratio"] = tp_layer(layer, 8, hardware("dgx-h100")).ratio
-    return out
-
-
-def describe(results) -> str:
-    r = results[0]
-    lines = [f"TP layer h=8192, s=4096 on DGX-H100, tp=8: comm/compute = {r['h100_tp8_ratio']:.2f}"]
-    if "predicted_s" in r:
-        lines.append(f"all-reduce of {r['bytes']} B: predicted {r['predicted_s'] * 1e3:.2f} ms, "
-                     f"link charged {r['modelled_s'] * 1e3:.2f} ms (simulated link)")
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    from workbook.launch import main
-    main(self_check, describe=describe, default_nproc=2)
+    from workbook.selfcheck import main
+    main(__file__)

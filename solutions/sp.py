@@ -49,14 +49,11 @@ Activations here are ``[B, S, H]``, so the sequence is dim 1 and a shard is ``x[
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` work on dim 0, which is why
 Megatron-LM keeps activations ``[S, B, H]``; this lab transposes around each collective instead.
 
-Run it: ``torchrun --nproc_per_node=4 solutions/sp.py`` or ``python solutions/sp.py --nproc 2``
-(``workbook run sp --nproc 4 --impl solutions --trace-dir traces/sp`` adds a trace).
+Run it: ``workbook run sp`` (the grader's checks, then collectives and activation memory against
+lab 4), ``python labs/sp.py --nproc 4`` or ``torchrun --nproc_per_node=4 labs/sp.py``
+(``--trace-dir traces/sp`` adds a trace).
 """
 from __future__ import annotations
-
-import time
-from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -499,145 +496,6 @@ def saved_activation_bytes(run, module: nn.Module, parallel_types: tuple) -> tup
     return result, out
 
 
-# --------------------------------------------------------------------------- self-check
-def _tp_lab():
-    """Lab 4 from the same folder as this file (the vanilla TP block to compare with)."""
-    from workbook.grading.labs import load_lab
-    return load_lab("tp", str(Path(__file__).resolve().parent))
-
-
-def self_check(trace_dir=None) -> dict:
-    """On every rank: an SP block and the SP model against the reference; the block's
-    collectives per phase; activation memory of the block against lab 4's TP block."""
-    from workbook.flight import RECORDER
-    from workbook.model import Block, ReferenceModel, make_batch
-
-    rank, n, dev = tp_rank(), tp_world_size(), rank_device()
-    cfg = ModelConfig(dtype="float64", dropout=0.1)
-    if cfg.heads % n or cfg.seq_len % n:
-        cfg = ModelConfig.odd_shapes(dtype="float64", dropout=0.1)
-    B, S, H = 2, cfg.seq_len, cfg.hidden
-    out = {"rank": rank, "world_size": n, "elements_BSH": B * S * H, "elsize": 8}
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev)
-    dy = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev)
-    try:
-        block = SPBlock(cfg, 0, dev)
-        xs = split_sequence(x).requires_grad_()
-        block(xs, step=1).backward(split_sequence(dy))          # warm-up (first backward is slow)
-        block.zero_grad(set_to_none=True)
-        xs.grad = None
-        tracing = nullcontext()
-        if trace_dir is not None:
-            from workbook.trace.capture import rank_trace
-            tracing = rank_trace(trace_dir, lab="sp")
-        if n > 1:
-            dist.barrier()
-        phases = {}
-        with tracing:
-            for phase in ("forward", "backward", "grad_sync"):
-                RECORDER.reset()
-                t0 = time.perf_counter()
-                with torch.profiler.record_function(phase):
-                    if phase == "forward":
-                        y = block(xs, step=1)
-                    elif phase == "backward":
-                        y.backward(split_sequence(dy))
-                    else:
-                        sync_sequence_parallel_grads(block)
-                phases[phase] = {"ms": (time.perf_counter() - t0) * 1e3,
-                                 "calls": {k: v for k, v in RECORDER.counts().items() if v["count"]}}
-        out["block"] = phases
-        ref = Block(cfg, 0).to(dev)
-        xr = x.clone().requires_grad_()
-        yr = ref(xr, step=1)
-        yr.backward(dy)
-        err = max((split_sequence(yr.detach()) - y.detach()).abs().max().item(),
-                  (split_sequence(xr.grad) - xs.grad).abs().max().item(),
-                  (ref.norm1.weight.grad - block.norm1.weight.grad).abs().max().item())
-        out["block_max_abs_err"] = err
-        model = SPModel(cfg, dev)
-        tokens, targets = make_batch(cfg, B, seed=1, device=dev)
-        loss = model(tokens, targets, step=1)
-        loss.backward()
-        sync_sequence_parallel_grads(model)
-        out["model_loss_err"] = abs(loss.item() - ReferenceModel(cfg, dev)(tokens, targets, step=1).item())
-        out["status"] = "ok" if err < 1e-10 and out["model_loss_err"] < 1e-10 else \
-            f"differs from the reference (max abs error {err:.2e})"
-        # activation memory: this block against lab 4's
-        xs2 = split_sequence(x).requires_grad_()
-        _, sp_mem = saved_activation_bytes(lambda: block(xs2, step=1), block, (SPAttention, SPMLP))
-        tp = _tp_lab()
-        tp_block = tp.TPBlock(cfg, 0, dev)
-        x2 = x.clone().requires_grad_()
-        _, tp_mem = saved_activation_bytes(lambda: tp_block(x2, step=1), tp_block,
-                                           (tp.TPAttention, tp.TPMLP))
-        out["memory"] = {"tp": tp_mem, "sp": sp_mem,
-                         "predicted_sp": tp_mem["parallel"] + tp_mem["sequence"] / n}
-    except NotImplementedError as exc:
-        out["status"] = out.get("status", "") + ("; " if "status" in out else "") + str(exc)
-        return out
-    if trace_dir is not None:
-        from workbook import trace
-        from workbook.trace import intervals
-        from workbook.trace.analyse import all_compute, phase_ranges
-        t = trace.load_trace(Path(trace_dir) / f"rank{rank}.trace.json")
-        for phase in phases:
-            m = trace.overlap(t, within=phase)
-            window, _ = phase_ranges(t, phase)                  # compute inside this phase only
-            busy = intervals.measure(intervals.intersect(all_compute(t), window))
-            out["block"][phase].update(trace_calls=trace.collectives(t, within=phase),
-                                       comm_ms=m.comm_us / 1e3, compute_ms=busy / 1e3)
-    return out
-
-
-def describe(results: list[dict]) -> str:
-    from workbook.link import bus_factor
-    from workbook.trace import canonical_collective
-    first, n = results[0], len(results)
-    states = {r["status"] for r in results}
-    summary = f"{states.pop()} on every rank" if len(states) == 1 else "; ".join(
-        f"rank {r['rank']}: {r['status']}" for r in results)
-    lines = [f"sequence-parallel lab, {n} rank(s): {summary}"]
-    if "block" not in first:
-        return "\n".join(lines)
-    bsh = first["elements_BSH"] * first["elsize"]
-    lines.append(f"one SP block (float64, B*S*H = {first['elements_BSH']} elements), rank 0; "
-                 f"max |error| vs reference: {max(r.get('block_max_abs_err', 0) for r in results):.1e}")
-    lines.append(f"{'phase':<10}{'collectives':<34}{'bus bytes':>10}{'TP bus bytes':>13}"
-                 f"{'wall ms':>9}{'comm ms':>9}{'compute ms':>11}")
-    tp_bus = {"forward": 2 * bsh * bus_factor("all_reduce", n),
-              "backward": 2 * bsh * bus_factor("all_reduce", n)}
-    for phase, p in first["block"].items():
-        calls = {}
-        for k, c in (p.get("trace_calls") or p["calls"]).items():     # one name per collective
-            name = canonical_collective(k)
-            d = calls.setdefault(name, {"count": 0, "bytes": 0})
-            d["count"] += c["count"]
-            # the flight recorder sizes a reduce-scatter by its output (one shard); the link,
-            # the trace and nccl-tests by the full input buffer
-            scale = n if name == "reduce_scatter" and "trace_calls" not in p else 1
-            d["bytes"] += (c["bytes"] or 0) * scale
-        text = ", ".join(f"{c['count']}x {k}" for k, c in calls.items()) or "none"
-        bus = sum((c["bytes"] or 0) * bus_factor(k, n) for k, c in calls.items())
-        tp = f"{tp_bus[phase]:.0f}" if phase in tp_bus else "-"
-        comm = f"{p['comm_ms']:.2f}" if "comm_ms" in p else "-"
-        comp = f"{p['compute_ms']:.2f}" if "compute_ms" in p else "-"
-        lines.append(f"{phase:<10}{text:<34}{bus:>10.0f}{tp:>13}{p['ms']:>9.2f}{comm:>9}{comp:>11}")
-    lines.append("bus bytes: what each rank sends, nccl-tests convention (all-reduce of S bytes: "
-                 "2(n-1)/n S; all-gather / reduce-scatter of the full S-byte buffer: (n-1)/n S)")
-    if "memory" in first:
-        m = first["memory"]
-        tp_total = m["tp"]["parallel"] + m["tp"]["sequence"]
-        sp_total = m["sp"]["parallel"] + m["sp"]["sequence"]
-        lines.append(f"activation memory of one block, rank 0 (bytes saved for backward): "
-                     f"TP {tp_total} (parallel regions {m['tp']['parallel']}, norms/dropout/residual "
-                     f"{m['tp']['sequence']}); SP measured {sp_total}, predicted "
-                     f"{m['predicted_sp']:.0f} = {m['tp']['parallel']} + {m['tp']['sequence']}/{n} "
-                     f"({sp_total / tp_total:.2f}x of TP)")
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    from workbook.launch import main
-    main(self_check, describe=describe)
+    from workbook.selfcheck import main
+    main(__file__)

@@ -39,13 +39,11 @@ Everything is built from the reference model's weights (``workbook.model``): ran
 of ``blocks.0.attn.wq.weight`` is ``local_weight(cfg, name, r, n)``, so outputs and every
 gradient can be compared with the single-device model.
 
-Run it: ``torchrun --nproc_per_node=4 solutions/tp.py`` or ``python solutions/tp.py --nproc 2``
-(``workbook run tp --nproc 4 --impl solutions --trace-dir traces/tp`` adds a trace).
+Run it: ``workbook run tp`` (the grader's checks, then collectives and activation memory per
+rank), ``python labs/tp.py --nproc 4`` or ``torchrun --nproc_per_node=4 labs/tp.py``
+(``--trace-dir traces/tp`` adds a trace).
 """
 from __future__ import annotations
-
-import time
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -456,122 +454,6 @@ class TPModel(nn.Module):
                                             self.cfg.vocab_size)
 
 
-# --------------------------------------------------------------------------- self-check
-def _collective_counts(counts: dict) -> dict:
-    return {k: v for k, v in counts.items() if v["count"]}
-
-
-def self_check(trace_dir=None) -> dict:
-    """On every rank: one TP block and the TP model (gpt, fp64) against the reference, with the
-    collectives of the block's forward and backward (flight recorder; the trace when
-    ``trace_dir`` is given) and the time of each."""
-    from workbook.flight import RECORDER
-    from workbook.model import ReferenceModel, grads_by_name, make_batch, shard_spec, slice_for_rank
-
-    rank, n, dev = tp_rank(), tp_world_size(), rank_device()
-    cfg = ModelConfig(dtype="float64", dropout=0.1)
-    if cfg.heads % n or cfg.hidden % n:
-        cfg = ModelConfig.odd_shapes(dtype="float64", dropout=0.1)
-    B, S, H = 2, cfg.seq_len, cfg.hidden
-    out = {"rank": rank, "world_size": n, "elements_BSH": B * S * H, "dtype": cfg.dtype}
-    try:
-        block = TPBlock(cfg, 0, dev)
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev).requires_grad_()
-        dy = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev)
-        block(x, step=1).backward(dy)                            # warm-up (first backward is slow)
-        block.zero_grad(set_to_none=True)
-        x.grad = None
-        tracing = nullcontext()
-        if trace_dir is not None:
-            from workbook.trace.capture import rank_trace
-            tracing = rank_trace(trace_dir, lab="tp")
-        if n > 1:
-            dist.barrier()
-        phases = {}
-        with tracing:
-            for phase in ("forward", "backward"):
-                RECORDER.reset()
-                t0 = time.perf_counter()
-                with torch.profiler.record_function(phase):
-                    if phase == "forward":
-                        y = block(x, step=1)
-                    else:
-                        y.backward(dy)
-                phases[phase] = {"ms": (time.perf_counter() - t0) * 1e3,
-                                 "calls": _collective_counts(RECORDER.counts())}
-        out["block"] = phases
-        from workbook.model import Block
-        ref = Block(cfg, 0).to(dev)
-        xr = x.detach().clone().requires_grad_()
-        ref(xr, step=1).backward(dy)
-        worst = (xr.grad - x.grad).abs().max().item()
-        mine_grads = grads_by_name(block)
-        for name, gr in grads_by_name(ref).items():
-            mine = mine_grads[name]
-            worst = max(worst, (slice_for_rank(gr, shard_spec(name), rank, n) - mine).abs().max().item())
-        out["block_max_abs_err"] = worst
-        model = TPModel(cfg, dev)
-        tokens, targets = make_batch(cfg, B, seed=1, device=dev)
-        RECORDER.reset()
-        t0 = time.perf_counter()
-        loss = model(tokens, targets, step=1)
-        loss.backward()
-        out["model_ms"] = (time.perf_counter() - t0) * 1e3
-        out["model_calls"] = _collective_counts(RECORDER.counts())
-        ref_model = ReferenceModel(cfg, dev)
-        ref_loss = ref_model(tokens, targets, step=1)
-        out["model_loss_err"] = abs(loss.item() - ref_loss.item())
-        out["status"] = "ok" if worst < 1e-10 and out["model_loss_err"] < 1e-10 else \
-            f"differs from the reference (max abs error {worst:.2e})"
-    except NotImplementedError as exc:
-        out["status"] = str(exc)
-        return out
-    if trace_dir is not None:
-        from pathlib import Path
-
-        from workbook import trace
-        from workbook.trace import intervals
-        from workbook.trace.analyse import all_compute, phase_ranges
-        t = trace.load_trace(Path(trace_dir) / f"rank{rank}.trace.json")
-        for phase in ("forward", "backward"):
-            m = trace.overlap(t, within=phase)
-            window, _ = phase_ranges(t, phase)                  # compute inside this phase only
-            busy = intervals.measure(intervals.intersect(all_compute(t), window))
-            out["block"][phase].update(trace_calls=trace.collectives(t, within=phase),
-                                       comm_ms=m.comm_us / 1e3, compute_ms=busy / 1e3)
-    return out
-
-
-def describe(results: list[dict]) -> str:
-    first, n = results[0], len(results)
-    states = {r["status"] for r in results}
-    summary = f"{states.pop()} on every rank" if len(states) == 1 else "; ".join(
-        f"rank {r['rank']}: {r['status']}" for r in results)
-    lines = [f"tensor-parallel lab, {n} rank(s): {summary}"]
-    if "block" not in first:
-        return "\n".join(lines)
-    lines.append(f"one TP block ({first['dtype']}, B*S*H = {first['elements_BSH']} elements), "
-                 f"rank 0; max |error| vs reference over all ranks: "
-                 f"{max(r['block_max_abs_err'] for r in results):.1e}")
-    lines.append(f"{'phase':<10}{'collectives':<36}{'bytes':>10}{'wall ms':>10}"
-                 f"{'comm ms':>10}{'compute ms':>12}")
-    for phase, p in first["block"].items():
-        calls = p.get("trace_calls") or p["calls"]
-        text = ", ".join(f"{c['count']}x {k}" for k, c in calls.items()) or "none"
-        nbytes = sum((c["bytes"] or 0) for c in calls.values())
-        comm = f"{p['comm_ms']:.2f}" if "comm_ms" in p else "-"
-        comp = f"{p['compute_ms']:.2f}" if "compute_ms" in p else "-"
-        lines.append(f"{phase:<10}{text:<36}{nbytes:>10}{p['ms']:>10.2f}{comm:>10}{comp:>12}")
-    if "trace_calls" not in first["block"]["forward"]:
-        lines.append("(collectives from the flight recorder; add --trace-dir for comm vs compute "
-                     "time from the trace)")
-    calls = ", ".join(f"{c['count']}x {k}" for k, c in first["model_calls"].items()) or "none"
-    lines.append(f"TP model, {first['world_size']} rank(s): forward + backward {first['model_ms']:.1f} ms, "
-                 f"|loss - reference| = {max(r['model_loss_err'] for r in results):.1e}; {calls}")
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    from workbook.launch import main
-    main(self_check, describe=describe)
+    from workbook.selfcheck import main
+    main(__file__)

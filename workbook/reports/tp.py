@@ -1,0 +1,128 @@
+"""Figures of the tp lab: what one tensor-parallel block communicates and what it stores.
+
+One ``TPBlock`` of the lab (GPT, fp64, ``B=2``, the default small shapes) runs a forward and a
+backward pass on each rank, inside ``record_function("forward")`` / ``("backward")``:
+
+* **collectives per phase**: what the rank called (flight recorder; from the trace when
+  ``trace_dir`` is given, with the time the link carried them and the time the rank computed).
+  Megatron's count is 2 all-reduces of ``B*S*H`` forward (g after attention and the MLP) and
+  2 backward (f before each);
+* **activation memory per rank**: the bytes autograd saves for backward in one block, against
+  the single-device block. The parallel regions (attention, MLP) shrink by n; the norms,
+  dropouts and residuals do not: every rank keeps them whole (lab 5 shards them).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+WORLD_SIZE = 2
+LINK = "dgx-h100"
+PHASES = ("forward", "backward")
+
+
+def saved_bytes(run, module, parallel_types: tuple) -> dict:
+    """Bytes autograd saves while ``run()`` runs, each storage once, parameters left out:
+    ``{"parallel": bytes saved inside a module of parallel_types, "rest": the others}``."""
+    import torch
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen, region = {}, ["rest"]
+    hooks = [h for m in module.modules() if isinstance(m, parallel_types) for h in (
+        m.register_forward_pre_hook(lambda *_: region.append("parallel")),
+        m.register_forward_hook(lambda *_: region.pop() and None))]
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and ptr not in seen:
+            seen[ptr] = (region[-1], t.untyped_storage().nbytes())
+        return t
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            run()
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: sum(b for kind, b in seen.values() if kind == k) for k in ("parallel", "rest")}
+
+
+def run(trace_dir=None, impl=None) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from workbook import link, trace
+    from workbook.flight import RECORDER
+    from workbook.grading.labs import load_lab
+    from workbook.model import Block, ModelConfig
+    from workbook.model.reference import MLP, Attention
+    lab = load_lab("tp", impl)
+    rank, n, dev = lab.tp_rank(), lab.tp_world_size(), lab.rank_device()
+    cfg = ModelConfig(dtype="float64", dropout=0.1)
+    if cfg.heads % n or cfg.hidden % n:
+        cfg = ModelConfig.odd_shapes(dtype="float64", dropout=0.1)
+    B, S, H = 2, cfg.seq_len, cfg.hidden
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev).requires_grad_()
+    dy = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev)
+    block = lab.TPBlock(cfg, 0, dev)
+    block(x, step=1).backward(dy)                          # warm-up (the first backward is slow)
+    tracing = nullcontext()
+    if trace_dir is not None:
+        from workbook.trace.capture import rank_trace
+        tracing = rank_trace(trace_dir, lab="tp")
+    dist.barrier()
+    phases = {}
+    with tracing:
+        for phase in PHASES:
+            RECORDER.reset()
+            t0 = time.perf_counter()
+            with torch.profiler.record_function(phase):
+                if phase == "forward":
+                    y = block(x, step=1)
+                else:
+                    y.backward(dy)
+            phases[phase] = {"ms": (time.perf_counter() - t0) * 1e3, "calls": {
+                k: v for k, v in RECORDER.counts().items() if v["count"]}}
+    if trace_dir is not None:
+        from workbook.trace import intervals
+        from workbook.trace.analyse import all_compute, phase_ranges
+        t = trace.load_trace(Path(trace_dir) / f"rank{rank}.trace.json")
+        for phase in PHASES:
+            window, _ = phase_ranges(t, phase)              # compute inside this phase only
+            busy = intervals.measure(intervals.intersect(all_compute(t), window))
+            phases[phase].update(trace_calls=trace.collectives(t, within=phase),
+                                 comm_ms=trace.overlap(t, within=phase).comm_us / 1e3,
+                                 compute_ms=busy / 1e3)
+    x2 = x.detach().clone().requires_grad_()
+    ref = Block(cfg, 0).to(dev)
+    memory = {"tp": saved_bytes(lambda: block(x2, step=1), block, (lab.TPAttention, lab.TPMLP)),
+              "reference": saved_bytes(lambda: ref(x2, step=1), ref, (Attention, MLP))}
+    sim = link.current_link()
+    return {"rank": rank, "world_size": n, "elements_BSH": B * S * H, "dtype": cfg.dtype,
+            "block": phases, "memory": memory, "link": sim.label if sim else None}
+
+
+def describe(results: list[dict]) -> str:
+    first, n = results[0], len(results)
+    where = first["link"].replace("simulated", "SIMULATED", 1) if first["link"] else "gloo"
+    lines = [f"tp figures: one TP block on {n} ranks ({first['dtype']}, B*S*H = "
+             f"{first['elements_BSH']} elements), rank 0; {where}",
+             f"{'phase':<10}{'collectives':<30}{'bytes':>10}{'wall ms':>9}{'comm ms':>9}"
+             f"{'compute ms':>11}"]
+    for phase, p in first["block"].items():
+        calls = p.get("trace_calls") or p["calls"]
+        text = ", ".join(f"{c['count']}x {k}" for k, c in calls.items()) or "none"
+        nbytes = sum((c["bytes"] or 0) for c in calls.values())
+        comm = f"{p['comm_ms']:.2f}" if "comm_ms" in p else "-"
+        comp = f"{p['compute_ms']:.2f}" if "compute_ms" in p else "-"
+        lines.append(f"{phase:<10}{text:<30}{nbytes:>10}{p['ms']:>9.2f}{comm:>9}{comp:>11}")
+    if "trace_calls" not in first["block"]["forward"]:
+        lines.append("(collectives from the flight recorder; --trace-dir adds comm and compute "
+                     "time from the trace)")
+    lines.append("activation memory per rank (bytes autograd saves for backward in one block):")
+    for r in results:
+        tp, ref = r["memory"]["tp"], r["memory"]["reference"]
+        lines.append(f"  rank {r['rank']}: TP {tp['parallel'] + tp['rest']:,} (attention + MLP "
+                     f"{tp['parallel']:,}, norms/dropout/residual {tp['rest']:,}); one device "
+                     f"{ref['parallel'] + ref['rest']:,} ({ref['parallel']:,} + {ref['rest']:,})")
+    return "\n".join(lines)
