@@ -114,10 +114,11 @@ def test_a_hang_ends_in_the_report_by_default(tmp_path):
 
 
 @pytest.mark.parametrize("lab", LABS)
-def test_every_stub_self_check_exits_1(lab, capsys):
+def test_every_stub_self_check_exits_1(lab, capsys, monkeypatch):
     """The generated labs/ (TODOs that raise): each self-check says what is not implemented
     and exits 1 (nothing passes, nothing hangs)."""
     from workbook.selfcheck import self_check
+    monkeypatch.setenv("WORKBOOK_IMPL", "labs")              # restored after the test
     code = self_check(lab, impl="labs", timeout=60)
     out = capsys.readouterr().out
     assert code == 1, out
@@ -137,16 +138,13 @@ def test_grader_lists_each_failure_once_in_full(tmp_path):
     assert "\nE " not in out, out                               # no pytest assertion dump
 
 
-def test_a_learners_exception_names_their_line(tmp_path):
+def test_a_learners_exception_names_their_line(tmp_path, monkeypatch):
     lab = _lab_copy(tmp_path, "raises", ("    mask = 1\n    while mask < n:\n        if v < mask",
                                          "    mask = 1\n    [][rank]\n    while mask < n:\n        if v < mask"))
-    os.environ.pop("WORKBOOK_IMPL", None)
+    monkeypatch.setenv("WORKBOOK_IMPL", "labs")              # restored after the test
     from workbook.selfcheck import self_check
     verdicts = []
-    try:
-        code = self_check("collectives", impl=str(lab), nproc=2, write=verdicts.append)
-    finally:
-        os.environ.pop("WORKBOOK_IMPL", None)
+    code = self_check("collectives", impl=str(lab), nproc=2, write=verdicts.append)
     text = "\n".join(verdicts)
     assert code == 1, text
     assert "your code raised IndexError" in text and "collectives.py:" in text, text

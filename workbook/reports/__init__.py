@@ -17,3 +17,37 @@ is one module per lab, ``workbook.reports.<lab>``, with
 raises ``NotImplementedError`` from ``run``, and the figures are skipped. Figures on a simulated
 link are labelled so: they are a CPU in slow motion, not measured hardware.
 """
+
+
+def best_time(fn, make_input, iters: int = 5) -> float:
+    """The fastest of ``iters`` timed calls ``fn(make_input())``, every rank starting together
+    (a barrier before each): the least disturbed measurement on a shared machine."""
+    import math
+    import time
+
+    import torch.distributed as dist
+    best = math.inf
+    for _ in range(iters):
+        t = make_input()
+        dist.barrier()
+        start = time.perf_counter()
+        fn(t)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def phase_figures(trace_dir, rank: int, phases: dict) -> None:
+    """Add to ``phases[name]`` what this rank's trace says of each ``record_function`` phase:
+    the collectives issued in it, their link time and the compute inside the phase."""
+    from pathlib import Path
+
+    from workbook import trace
+    from workbook.trace import intervals
+    from workbook.trace.analyse import all_compute, phase_ranges
+    t = trace.load_trace(Path(trace_dir) / f"rank{rank}.trace.json")
+    for phase in phases:
+        window, _ = phase_ranges(t, phase)                  # compute inside this phase only
+        busy = intervals.measure(intervals.intersect(all_compute(t), window))
+        phases[phase].update(trace_calls=trace.collectives(t, within=phase),
+                             comm_ms=trace.overlap(t, within=phase).comm_us / 1e3,
+                             compute_ms=busy / 1e3)

@@ -14,8 +14,8 @@ range named after it.
 """
 from __future__ import annotations
 
-import math
-import time
+
+from workbook.reports import best_time
 
 WORLD_SIZE = 4
 SIZE = 1 << 20                       # bytes of the full buffer
@@ -66,14 +66,7 @@ def run(trace_dir=None, impl=None) -> dict:
         sends = [c for c in RECORDER.calls if c.name in SENDS]
         row = {"messages": len(sends), "bytes": sum(c.size_bytes for c in sends)}
         for key, fn in (("mine_s", mine), ("builtin_s", builtin)):
-            best = math.inf
-            for _ in range(ITERS):
-                t = x.clone()
-                dist.barrier()
-                t0 = time.perf_counter()
-                fn(t)
-                best = min(best, time.perf_counter() - t0)
-            row[key] = best
+            row[key] = best_time(fn, x.clone, ITERS)
         out["builds"][name] = row
     if trace_dir is not None:                             # each build once more, profiled
         from workbook.trace.capture import rank_trace

@@ -15,8 +15,8 @@ ranges "your ring" and "built-in").
 """
 from __future__ import annotations
 
-import math
-import time
+
+from workbook.reports import best_time
 
 WORLD_SIZE = 4
 SIZES = (64 << 10, 1 << 20, 8 << 20)            # bytes
@@ -24,16 +24,8 @@ ITERS = 5
 
 
 def _timed(fn, tensor) -> float:
-    import torch.distributed as dist
     fn(tensor.clone())                                     # warm-up (and connection set-up)
-    best = math.inf
-    for _ in range(ITERS):
-        t = tensor.clone()
-        dist.barrier()
-        start = time.perf_counter()
-        fn(t)
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_time(fn, tensor.clone, ITERS)
 
 
 def run(trace_dir=None, impl=None) -> dict:

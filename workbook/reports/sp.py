@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from pathlib import Path
+
+from workbook.reports import phase_figures
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
@@ -27,7 +28,7 @@ def run(trace_dir=None, impl=None) -> dict:
     import torch
     import torch.distributed as dist
 
-    from workbook import link, trace
+    from workbook import link
     from workbook.flight import RECORDER
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
@@ -64,15 +65,7 @@ def run(trace_dir=None, impl=None) -> dict:
             phases[phase] = {"ms": (time.perf_counter() - t0) * 1e3, "calls": {
                 k: v for k, v in RECORDER.counts().items() if v["count"]}}
     if trace_dir is not None:
-        from workbook.trace import intervals
-        from workbook.trace.analyse import all_compute, phase_ranges
-        t = trace.load_trace(Path(trace_dir) / f"rank{rank}.trace.json")
-        for phase in PHASES:
-            window, _ = phase_ranges(t, phase)              # compute inside this phase only
-            busy = intervals.measure(intervals.intersect(all_compute(t), window))
-            phases[phase].update(trace_calls=trace.collectives(t, within=phase),
-                                 comm_ms=trace.overlap(t, within=phase).comm_us / 1e3,
-                                 compute_ms=busy / 1e3)
+        phase_figures(trace_dir, rank, phases)
     xs2 = lab.split_sequence(x).requires_grad_()
     _, sp_mem = lab.saved_activation_bytes(lambda: block(xs2, step=1), block,
                                            (lab.SPAttention, lab.SPMLP))
