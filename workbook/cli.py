@@ -101,14 +101,14 @@ def cmd_demo(args) -> int:
 
 def _check_link(name: str | None) -> None:
     """--link: a preset name, else the one-line error every bad input gets."""
-    from workbook import link
+    from workbook import presets as link                # torch-free: the CLI starts fast
     if name is not None and name not in link.preset_names():
         raise ValueError(f"unknown link preset {name!r}: choose one of "
                          f"{', '.join(link.preset_names())}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from workbook import link
+    from workbook import presets as link                # torch-free: the CLI starts fast
     parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -62,35 +62,11 @@ import torch
 import torch.distributed as dist
 
 BACKEND_NAME = "gloo_link"
-ENV_LINK = "WORKBOOK_LINK"            # preset name, or a JSON Link
 ENV_LOCAL_FLOPS = "WORKBOOK_LOCAL_FLOPS"
 
 
 # --------------------------------------------------------------------------- presets
-@dataclass(frozen=True)
-class Preset:
-    """A real interconnect and the compute it feeds (the numbers the calibration keeps in ratio)."""
-    name: str
-    description: str
-    bandwidth_GBps: float    # bus bandwidth of the link, GB/s (1e9 bytes/s)
-    latency_us: float        # per-operation latency on the real hardware
-    peak_tflops: float       # dense bf16 matmul rate of one GPU on that machine
-
-
-PRESETS: dict[str, Preset] = {p.name: p for p in [
-    Preset("dgx-h100", "DGX-H100 intra-node NVLink 4 / NVSwitch, 900 GB/s, H100 bf16 ~790 TFLOP/s",
-           900.0, 2.0, 790.0),
-    Preset("dgx-h100-ib", "DGX-H100 across nodes, 8x ConnectX-7 InfiniBand = 400 GB/s per node "
-           "(the Domino paper's multi-node setting)", 400.0, 5.0, 790.0),
-    Preset("dgx-a100", "DGX-A100 intra-node NVLink 3, 600 GB/s, A100 bf16 ~312 TFLOP/s",
-           600.0, 2.0, 312.0),
-    Preset("pcie-h100", "H100 PCIe without NVLink, ~64 GB/s PCIe 5 x16 (a slow link, for sweeps)",
-           64.0, 5.0, 790.0),
-]}
-
-
-def preset_names() -> list[str]:
-    return ["none", *PRESETS]
+from workbook.presets import PRESETS, Preset, preset_names  # noqa: E402,F401 (torch-free, for the CLI)
 
 
 # --------------------------------------------------------------------------- the cost model
@@ -161,14 +137,6 @@ def make_link(preset: str, local_flops: float | None = None) -> Link | None:
     return Link(preset, p.bandwidth_GBps * 1e9 * scale, p.latency_us * 1e-6 / scale, flops, scale)
 
 
-def link_from_env() -> Link | None:
-    raw = os.environ.get(ENV_LINK, "none")
-    if raw.startswith("{"):
-        return Link(**json.loads(raw))
-    return make_link(raw)
-
-
-# Which direction of the (full-duplex) link an op occupies; collectives occupy both.
 DIRECTIONS = {"send": ("send",), "recv": ("recv",)}
 
 

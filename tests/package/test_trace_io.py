@@ -188,3 +188,16 @@ def test_merge_one_process_per_rank(tmp_path):
     assert all(isinstance(e["tid"], int) for e in doc["traceEvents"])
     merged = trace.load_trace(tmp_path / "m.json")
     assert "all_reduce" in merged.names
+
+
+def test_trace_summary_does_not_import_torch():
+    """``workbook trace …`` reads traces without paying torch's import (seconds on a laptop)."""
+    import subprocess
+    import sys
+    code = ("import sys; from workbook.cli import main; "
+            "main(['trace', 'summary', 'tests/package/data/traces/real_sync/rank0.trace.json']); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout

@@ -45,6 +45,7 @@ class _State:
     job = None                          # a torchrun job's ranks (torchrun_ranks.JobRanks)
     current: str = ""                   # the check running now (a torchrun hang report names it)
     before_report = None                # called before a torchrun hang report (prints progress)
+    tmpdir: str = ""                    # this run's scratch folder (a torchrun exit removes it)
     cache: dict = field(default_factory=dict)
 
 
@@ -166,7 +167,7 @@ def verdict_for(lab: str, name: str, points: float, exc: BaseException | None) -
         return Verdict(lab, name, points, HANG, str(exc))
     if isinstance(exc, Skipped) or type(exc).__name__ == "Skipped":
         return Verdict(lab, name, points, SKIPPED, f"skipped: {exc}")
-    if isinstance(exc, AssertionError):
+    if isinstance(exc, AssertionError) or type(exc).__name__ == "Failed":   # pytest.raises, fail
         return Verdict(lab, name, points, FAILED, str(exc).strip())
     rank = getattr(exc, "rank", None)
     where = f"rank {rank}: " if rank is not None else ""
@@ -256,6 +257,7 @@ def run_checks(lab: str, *, nproc: int | None = None, timeout: float | None = No
     verdicts = []
     try:
         with tempfile.TemporaryDirectory(prefix=f"workbook-{lab}-") as tmp:
+            STATE.tmpdir = tmp
             fixtures = {"trace_root": Path(tmp) / "traces"}
             fixtures["trace_root"].mkdir()
             for k, check in enumerate(load_checks(lab)):

@@ -88,6 +88,11 @@ class JobRanks:
     # -- leaving
     def finish(self, code: int) -> None:
         """End the job: the other ranks leave first (exit 0), then rank 0 with ``code``."""
+        import shutil
+
+        from workbook.grading.engine import STATE
+        if STATE.tmpdir:                                   # os._exit skips its clean-up
+            shutil.rmtree(STATE.tmpdir, ignore_errors=True)
         sys.stdout.flush()
         sys.stderr.flush()
         if self.rank != 0:

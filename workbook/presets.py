@@ -1,0 +1,34 @@
+"""The real interconnects the simulated link imitates: names, bandwidths, latencies, GPU rates.
+
+Kept apart from ``workbook.link`` (which needs torch) so that the command line can list and
+check preset names without importing torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A real interconnect and the compute it feeds (the numbers the calibration keeps in ratio)."""
+    name: str
+    description: str
+    bandwidth_GBps: float    # bus bandwidth of the link, GB/s (1e9 bytes/s)
+    latency_us: float        # per-operation latency on the real hardware
+    peak_tflops: float       # dense bf16 matmul rate of one GPU on that machine
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    Preset("dgx-h100", "DGX-H100 intra-node NVLink 4 / NVSwitch, 900 GB/s, H100 bf16 ~790 TFLOP/s",
+           900.0, 2.0, 790.0),
+    Preset("dgx-h100-ib", "DGX-H100 across nodes, 8x ConnectX-7 InfiniBand = 400 GB/s per node "
+           "(the Domino paper's multi-node setting)", 400.0, 5.0, 790.0),
+    Preset("dgx-a100", "DGX-A100 intra-node NVLink 3, 600 GB/s, A100 bf16 ~312 TFLOP/s",
+           600.0, 2.0, 312.0),
+    Preset("pcie-h100", "H100 PCIe without NVLink, ~64 GB/s PCIe 5 x16 (a slow link, for sweeps)",
+           64.0, 5.0, 790.0),
+]}
+
+
+def preset_names() -> list[str]:
+    return ["none", *PRESETS]
