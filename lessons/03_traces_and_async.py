@@ -197,7 +197,7 @@ trace.explorer(async_run)
 #
 # Try it with `workbook run async_overlap --nproc 2 --link dgx-h100 --trace-dir runs/async`
 # (then open `runs/async/report.html`). The grader checks your numbers against the synchronous
-# all-reduce on 1–4 ranks, and reads from your trace that at least 80% of the communication
+# all-reduce on 1–4 ranks, and reads from your trace that at least 70% of the communication
 # hides behind compute on the simulated DGX-H100 link. A grader's spy delivers an async result
 # only when you wait on it, as a GPU would, so forgetting a wait shows up as wrong numbers.
 

@@ -585,7 +585,7 @@ print("CUDA_DEVICE_MAX_CONNECTIONS =", os.environ.get("CUDA_DEVICE_MAX_CONNECTIO
 # dgx-h100 --trace-dir runs/domino` (then `runs/domino/report.html`). The grader checks
 # losses, hidden states and every gradient against the single-device reference (TP 2 and 4,
 # GPT and Llama, p = 2 and 4), that the registry is empty after each step, and, from your trace,
-# that at least 80% of the forward and 70% of the backward communication hides behind compute.
+# that at least 70% of the forward and 60% of the backward communication hides behind compute.
 # `workbook bench domino` then compares vanilla TP, sequence-parallel TP, Domino and the
 # no-communication optimum on a larger model.
 

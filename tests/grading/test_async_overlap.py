@@ -24,7 +24,7 @@ from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
 WORLD_SIZES = (1, 2, 3, 4)
 OVERLAP_RANKS = 2
 LINK = "dgx-h100"
-THRESHOLD_PCT = 80.0        # the reference measured >= 88% under load; wrong schedules ~0% (README)
+THRESHOLD_PCT = 70.0        # the reference measured >= 82% under load; wrong schedules ~0% (README)
 MARGIN = 2.5                 # compute offered per all-reduce, in units of its modelled time
 CHUNKS = 4                   # pipelined exercise, overlap run
 TIMEOUT_S = 60.0
