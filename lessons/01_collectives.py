@@ -202,9 +202,20 @@ fig
 # Open `labs/collectives.py`. Every collective above can be built from `dist.send`/`dist.recv`
 # (or `isend`/`irecv`): a naive broadcast where the root sends `n-1` times, a binomial tree
 # that needs only `⌈log2 n⌉` rounds, reduce, all-reduce, gather, all-gather, scatter,
-# reduce-scatter and a barrier. Replace each `raise NotImplementedError`, then try it with
-# `workbook run collectives --nproc 4` and grade it with `workbook grade --lab collectives`
-# (or the cell below).
+# reduce-scatter and a barrier. Replace each `raise NotImplementedError`, then self-check it
+# (the first cell below, or `workbook run collectives --nproc 4`) and grade it (the second, or
+# `workbook grade --lab collectives`).
+#
+# The self-check runs the grader's own checks and prints one verdict per check: `TODO` for a
+# part not written yet, `FAIL` with the rank, the case and expected vs got for a wrong one, and
+# for a hang, after 60 s, the last collective each rank entered. Its return value is the exit
+# status `workbook run` would give: 0 all passed, 1 something failed or is not implemented, 2 a
+# hang.
+
+# %%
+from workbook.lessons import self_check
+
+self_check("collectives", nproc=4)
 
 # %%
 check_your_work("collectives")

@@ -46,14 +46,21 @@ def test_notebook_pair_in_sync(script):
                                  f"`jupytext --set-kernel python3 {ipynb.relative_to(ROOT)}`")
 
 
+@pytest.mark.timeout(2 * CELL_TIMEOUT_S)       # nbclient's per-cell timeout fires first, naming the cell
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_notebook_runs(script, monkeypatch):
     from nbclient import NotebookClient
     monkeypatch.setenv("WORKBOOK_LESSONS_NO_GRADE", "1")        # the kernel inherits it
     nb = jupytext.read(script)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(LESSONS)}})
     t0 = time.perf_counter()
+
+    def started(cell, cell_index, **_):  # shown if the test fails: which cell took the time
+        first = (cell.source.strip().splitlines() or [""])[0][:70]
+        print(f"{time.perf_counter() - t0:7.1f} s  cell {cell_index}: {first}", flush=True)
+
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(LESSONS)}},
+                            on_cell_execute=started)
     client.execute()                     # raises CellExecutionError naming the failing cell
     elapsed = time.perf_counter() - t0
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])

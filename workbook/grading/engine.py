@@ -42,9 +42,9 @@ class Skipped(Exception):
 class _State:
     nproc: int | None = None            # self-check: the world size asked for (None: all)
     timeout: float | None = None        # self-check: seconds before a run is a hang
-    job = None                          # a torchrun job's ranks (torchrun_ranks.JobRanks)
+    job: object = None                  # a torchrun job's ranks (torchrun_ranks.JobRanks)
     current: str = ""                   # the check running now (a torchrun hang report names it)
-    before_report = None                # called before a torchrun hang report (prints progress)
+    before_report: object = None        # called before a torchrun hang report (prints progress)
     tmpdir: str = ""                    # this run's scratch folder (a torchrun exit removes it)
     cache: dict = field(default_factory=dict)
 
