@@ -116,37 +116,10 @@ def _grads(module) -> dict:
 
 
 def _saved_bytes(run, module, parallel_types) -> dict:
-    """Bytes autograd saves during ``run()``, by region (a storage counts once; parameters
-    are not activations). The grader's own measurement, independent of the lab's helper."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen, region, hooks = {}, ["sequence"], []
-
-    def enter(*_):
-        region.append("parallel")
-
-    def leave(*_):
-        region.pop()
-
-    for m in module.modules():
-        if isinstance(m, parallel_types):
-            hooks += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in params and s.data_ptr() not in seen:
-            seen[s.data_ptr()] = (region[-1], s.nbytes())
-        return t
-
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            run()
-    finally:
-        for h in hooks:
-            h.remove()
-    out = {"parallel": 0, "sequence": 0}
-    for kind, nbytes in seen.values():
-        out[kind] += nbytes
-    return out
+    """Bytes autograd saves during ``run()``, by region: the grader's own measurement
+    (``workbook.model.memory``), independent of the lab's helper."""
+    from workbook.model.memory import saved_bytes_by_region
+    return saved_bytes_by_region(run, module, parallel_types, outside="sequence")
 
 
 def _tp_lab():

@@ -51,3 +51,33 @@ def phase_figures(trace_dir, rank: int, phases: dict) -> None:
         phases[phase].update(trace_calls=trace.collectives(t, within=phase),
                              comm_ms=trace.overlap(t, within=phase).comm_us / 1e3,
                              compute_ms=busy / 1e3)
+
+
+def run_phases(trace_dir, lab: str, steps: dict) -> dict:
+    """Run ``steps`` (phase name -> ``fn(previous result)``) in order, all ranks starting
+    together, each inside a ``record_function`` range of its name, and all inside one profiler
+    trace per rank when ``trace_dir`` is given. Per phase: its wall time in ms and the calls the
+    flight recorder saw (then, with a trace, what ``phase_figures`` reads from it)."""
+    import time
+    from contextlib import nullcontext
+
+    import torch
+    import torch.distributed as dist
+    from workbook.flight import RECORDER
+    tracing = nullcontext()
+    if trace_dir is not None:
+        from workbook.trace.capture import rank_trace
+        tracing = rank_trace(trace_dir, lab=lab)
+    dist.barrier()
+    phases, result = {}, None
+    with tracing:
+        for phase, step in steps.items():
+            RECORDER.reset()
+            t0 = time.perf_counter()
+            with torch.profiler.record_function(phase):
+                result = step(result)
+            phases[phase] = {"ms": (time.perf_counter() - t0) * 1e3, "calls": {
+                k: v for k, v in RECORDER.counts().items() if v["count"]}}
+    if trace_dir is not None:
+        phase_figures(trace_dir, dist.get_rank(), phases)
+    return phases

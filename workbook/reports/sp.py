@@ -14,22 +14,16 @@ of its replicated parameters on each rank, inside ``record_function`` ranges ``"
 """
 from __future__ import annotations
 
-import time
-from contextlib import nullcontext
-
-from workbook.reports import phase_figures
+from workbook.reports import run_phases
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
-PHASES = ("forward", "backward", "grad_sync")
 
 
 def run(trace_dir=None, impl=None) -> dict:
     import torch
-    import torch.distributed as dist
 
     from workbook import link
-    from workbook.flight import RECORDER
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
     lab, tp = load_lab("sp", impl), load_lab("tp", impl)
@@ -45,27 +39,10 @@ def run(trace_dir=None, impl=None) -> dict:
     xs = lab.split_sequence(x).requires_grad_()
     block(xs, step=1).backward(lab.split_sequence(dy))     # warm-up (the first backward is slow)
     block.zero_grad(set_to_none=True)
-    tracing = nullcontext()
-    if trace_dir is not None:
-        from workbook.trace.capture import rank_trace
-        tracing = rank_trace(trace_dir, lab="sp")
-    dist.barrier()
-    phases = {}
-    with tracing:
-        for phase in PHASES:
-            RECORDER.reset()
-            t0 = time.perf_counter()
-            with torch.profiler.record_function(phase):
-                if phase == "forward":
-                    y = block(xs, step=1)
-                elif phase == "backward":
-                    y.backward(lab.split_sequence(dy))
-                else:
-                    lab.sync_sequence_parallel_grads(block)
-            phases[phase] = {"ms": (time.perf_counter() - t0) * 1e3, "calls": {
-                k: v for k, v in RECORDER.counts().items() if v["count"]}}
-    if trace_dir is not None:
-        phase_figures(trace_dir, rank, phases)
+    phases = run_phases(trace_dir, "sp", {
+        "forward": lambda _: block(xs, step=1),
+        "backward": lambda y: y.backward(lab.split_sequence(dy)),
+        "grad_sync": lambda _: lab.sync_sequence_parallel_grads(block)})
     xs2 = lab.split_sequence(x).requires_grad_()
     _, sp_mem = lab.saved_activation_bytes(lambda: block(xs2, step=1), block,
                                            (lab.SPAttention, lab.SPMLP))

@@ -13,46 +13,17 @@ backward pass on each rank, inside ``record_function("forward")`` / ``("backward
 """
 from __future__ import annotations
 
-import time
-from contextlib import nullcontext
-
-from workbook.reports import phase_figures
+from workbook.model.memory import saved_bytes_by_region
+from workbook.reports import run_phases
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
-PHASES = ("forward", "backward")
-
-
-def saved_bytes(run, module, parallel_types: tuple) -> dict:
-    """Bytes autograd saves while ``run()`` runs, each storage once, parameters left out:
-    ``{"parallel": bytes saved inside a module of parallel_types, "rest": the others}``."""
-    import torch
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen, region = {}, ["rest"]
-    hooks = [h for m in module.modules() if isinstance(m, parallel_types) for h in (
-        m.register_forward_pre_hook(lambda *_: region.append("parallel")),
-        m.register_forward_hook(lambda *_: region.pop() and None))]
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and ptr not in seen:
-            seen[ptr] = (region[-1], t.untyped_storage().nbytes())
-        return t
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            run()
-    finally:
-        for h in hooks:
-            h.remove()
-    return {k: sum(b for kind, b in seen.values() if kind == k) for k in ("parallel", "rest")}
 
 
 def run(trace_dir=None, impl=None) -> dict:
     import torch
-    import torch.distributed as dist
 
     from workbook import link
-    from workbook.flight import RECORDER
     from workbook.grading.labs import load_lab
     from workbook.model import Block, ModelConfig
     from workbook.model.reference import MLP, Attention
@@ -67,29 +38,13 @@ def run(trace_dir=None, impl=None) -> dict:
     dy = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev)
     block = lab.TPBlock(cfg, 0, dev)
     block(x, step=1).backward(dy)                          # warm-up (the first backward is slow)
-    tracing = nullcontext()
-    if trace_dir is not None:
-        from workbook.trace.capture import rank_trace
-        tracing = rank_trace(trace_dir, lab="tp")
-    dist.barrier()
-    phases = {}
-    with tracing:
-        for phase in PHASES:
-            RECORDER.reset()
-            t0 = time.perf_counter()
-            with torch.profiler.record_function(phase):
-                if phase == "forward":
-                    y = block(x, step=1)
-                else:
-                    y.backward(dy)
-            phases[phase] = {"ms": (time.perf_counter() - t0) * 1e3, "calls": {
-                k: v for k, v in RECORDER.counts().items() if v["count"]}}
-    if trace_dir is not None:
-        phase_figures(trace_dir, rank, phases)
+    phases = run_phases(trace_dir, "tp", {"forward": lambda _: block(x, step=1),
+                                          "backward": lambda y: y.backward(dy)})
     x2 = x.detach().clone().requires_grad_()
     ref = Block(cfg, 0).to(dev)
-    memory = {"tp": saved_bytes(lambda: block(x2, step=1), block, (lab.TPAttention, lab.TPMLP)),
-              "reference": saved_bytes(lambda: ref(x2, step=1), ref, (Attention, MLP))}
+    memory = {"tp": saved_bytes_by_region(lambda: block(x2, step=1), block,
+                                          (lab.TPAttention, lab.TPMLP)),
+              "reference": saved_bytes_by_region(lambda: ref(x2, step=1), ref, (Attention, MLP))}
     sim = link.current_link()
     return {"rank": rank, "world_size": n, "elements_BSH": B * S * H, "dtype": cfg.dtype,
             "block": phases, "memory": memory, "link": sim.label if sim else None}
