@@ -24,6 +24,7 @@ import threading
 import time
 
 PG_MARGIN_S = 60.0           # the process group's timeout, above the watchdog's
+EXIT_WITHIN_S = 20.0         # after a hang report (or the last verdict), every rank is gone by then
 
 
 class JobRanks:
@@ -95,10 +96,13 @@ class JobRanks:
             shutil.rmtree(STATE.tmpdir, ignore_errors=True)
         sys.stdout.flush()
         sys.stderr.flush()
+        mine = 0 if self.rank else code
+        threading.Timer(EXIT_WITHIN_S, os._exit, (mine,)).start()   # whatever the store does
+        store = self.watchdog.store()
         if self.rank != 0:
-            self.store.set(f"workbook/left/{self.rank}", "1")
+            store.set(f"workbook/left/{self.rank}", "1")
             os._exit(0)
-        _wait_keys(self.store, [f"workbook/left/{r}" for r in range(1, self.world)], 10.0)
+        _wait_keys(store, [f"workbook/left/{r}" for r in range(1, self.world)], 10.0)
         time.sleep(0.3)
         os._exit(code)
 
@@ -117,7 +121,18 @@ class Watchdog(threading.Thread):
 
     def __init__(self, job: JobRanks):
         super().__init__(daemon=True, name="workbook-watchdog")
-        self.job, self.deadline, self.timeout = job, None, 0.0
+        self.job, self.deadline, self.timeout, self._store = job, None, 0.0, None
+
+    def store(self):
+        """A store client of the watchdog's own: the main thread may be blocked inside the job's
+        client (waiting for the other ranks' outcomes) when the watchdog must talk."""
+        if self._store is None:
+            from datetime import timedelta
+
+            import torch.distributed as dist
+            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                        is_master=False, timeout=timedelta(seconds=10))
+        return self._store
 
     def arm(self, timeout: float) -> None:
         self.timeout, self.deadline = timeout, time.monotonic() + timeout
@@ -135,13 +150,15 @@ class Watchdog(threading.Thread):
         from workbook import flight
         from workbook.grading.engine import STATE
         job = self.job
-        job.store.set(f"workbook/hang/{job.rank}", json.dumps(flight.RECORDER.state))
+        threading.Timer(EXIT_WITHIN_S, os._exit, (0 if job.rank else 2,)).start()
+        store = self.store()
+        store.set(f"workbook/hang/{job.rank}", json.dumps(flight.RECORDER.state))
         if job.rank != 0:
-            _wait_keys(job.store, ["workbook/hang/reported"], 10.0)
+            _wait_keys(store, ["workbook/hang/reported"], 10.0)
             job.finish(0)
         keys = [f"workbook/hang/{r}" for r in range(job.world)]
-        _wait_keys(job.store, keys, 5.0)
-        slots = [json.loads(job.store.get(k)) if job.store.check([k]) else {"state": "no answer"}
+        _wait_keys(store, keys, 5.0)
+        slots = [json.loads(store.get(k)) if store.check([k]) else {"state": "no answer"}
                  for k in keys]
         if STATE.before_report:
             STATE.before_report()
@@ -151,5 +168,5 @@ class Watchdog(threading.Thread):
               file=sys.stderr, flush=True)
         print("exit 2 (a hang): the job ends here, no rank is left running", file=sys.stderr,
               flush=True)
-        job.store.set("workbook/hang/reported", "1")
+        store.set("workbook/hang/reported", "1")
         job.finish(2)
