@@ -17,7 +17,6 @@ of one run (60 by default); the process groups' own timeouts sit above it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -69,25 +68,16 @@ def summary(lab: str, verdicts: list[Verdict]) -> str:
             f"{score:g} / {total:g} points; exit {code} ({EXIT_MEANING[code]})")
 
 
-def _use_impl(impl: str) -> Path:
-    from workbook.grading.labs import ENV_IMPL, block_solutions, impl_dir
-    folder = impl_dir(impl)
-    os.environ[ENV_IMPL] = impl if impl in ("labs", "solutions") else str(folder)
-    if folder.name != "solutions":
-        block_solutions()
-    return folder
-
-
 def self_check(lab: str, *, impl: str = "labs", nproc: int | None = None,
                timeout: float = DEFAULT_TIMEOUT_S, link: str = "none",
                trace_dir: str | None = None, job=None, write=print) -> int:
     """Run ``lab``'s checks (and figures) and print the verdicts; return the exit status."""
-    from workbook.grading.labs import LABS
+    from workbook.grading.labs import LABS, use_impl
     if lab not in LABS:
         raise ValueError(f"unknown lab {lab!r}; the labs are {', '.join(LABS)}")
     if nproc is not None and nproc < 1:
         raise ValueError(f"--nproc must be at least 1 (got {nproc})")
-    folder = _use_impl(impl)
+    folder = use_impl(impl)
     quiet = job is not None and job.rank != 0
     out = (lambda *_: None) if quiet else write
     where = f"on {nproc} ranks" if nproc else "on the grader's world sizes (1-4 ranks)"

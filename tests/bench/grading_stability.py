@@ -85,13 +85,13 @@ def record_measurements(log: list) -> None:
 
 def worker(lab: str, runs: int, fixture_runs: int) -> dict:
     from workbook.grading.engine import ERROR, FAILED, PASSED, run_checks
-    from workbook.selfcheck import _use_impl
+    from workbook.grading.labs import use_impl
     log: list = []
     record_measurements(log)
     out = {"lab": lab, "cpus": sorted(os.sched_getaffinity(0)), "load_start": os.getloadavg()[0],
            "runs": runs, "false_failures": 0, "failures": [], "run_s": [], "fixtures": {}}
     t_cell = time.perf_counter()
-    _use_impl("solutions")
+    use_impl("solutions")
     for k in range(runs):
         t0 = time.perf_counter()
         verdicts = run_checks(lab, only=TIMING_CHECKS[lab])
@@ -109,7 +109,7 @@ def worker(lab: str, runs: int, fixture_runs: int) -> dict:
     out["measured_checks"] = len(log)
     out["shortfalls"] = [[None if x == float("inf") else round(x, 1) for x in s] for s in log]
     for folder, must_fail in sorted(wrong_cases(lab).items()):
-        _use_impl(str(ROOT / "tests" / "grading" / "wrong" / folder))
+        use_impl(str(ROOT / "tests" / "grading" / "wrong" / folder))
         f = out["fixtures"][folder] = {"runs": fixture_runs, "caught": 0, "missed": [], "run_s": []}
         for k in range(fixture_runs):
             t0 = time.perf_counter()

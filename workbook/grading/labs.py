@@ -37,6 +37,16 @@ def impl_dir(impl: str | None = None) -> Path:
     return path
 
 
+def use_impl(impl: str) -> Path:
+    """Grade or self-check ``impl`` from now on, in this process and the ranks it starts: set
+    ``WORKBOOK_IMPL``, and block ``solutions/`` unless it is the implementation under test."""
+    folder = impl_dir(impl)                       # fails early with a clear message
+    os.environ[ENV_IMPL] = impl if impl in ("labs", "solutions") else str(folder)
+    if folder.name != "solutions":
+        block_solutions()
+    return folder
+
+
 class _BlockSolutions(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "solutions" or name.startswith("solutions."):

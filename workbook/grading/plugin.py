@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from workbook.grading.engine import verdict_for
-from workbook.grading.labs import ENV_IMPL, block_solutions, impl_dir
+from workbook.grading.labs import ENV_IMPL, use_impl
 
 _RESULTS_KEY = pytest.StashKey[dict]()
 
@@ -36,10 +36,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "points(n): the test is worth n points (all or nothing)")
     impl = config.getoption("--impl") or os.environ.get(ENV_IMPL) or "labs"
-    folder = impl_dir(impl)                       # fails early with a clear message
-    os.environ[ENV_IMPL] = impl if impl in ("labs", "solutions") else str(folder)
-    if folder.name != "solutions":
-        block_solutions()
+    use_impl(impl)
     config.stash[_RESULTS_KEY] = {}
 
 
