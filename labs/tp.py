@@ -1,50 +1,45 @@
 # Generated from solutions/tp.py by `workbook assign`: this is your file to edit.
 # Replace each `raise NotImplementedError` with your code, then grade it with
 #     workbook grade --lab tp
-"""Lab 4 — tensor parallelism (Megatron-LM): split every matrix of a block over n ranks.
+#
+# Your tasks:
+#    1. _CopyToTensorParallelRegion.backward: f: identity forward; all-reduce backward (each rank's
+#       dL/dx covers only its column slice).
+#    2. _ReduceFromTensorParallelRegion.forward: g: all-reduce forward (sum the partial outputs);
+#       identity backward (dL/dy is replicated).
+#    3. scatter_to_tensor_parallel_region: Keep this rank's slice of the last dim; backward
+#       all-gathers the slices' gradients.
+#    4. gather_from_tensor_parallel_region: All-gather along the last dim (forward); keep this
+#       rank's slice of the gradient (backward): the mirror image of scatter.
+#    5. ColumnParallelLinear.__init__ and .forward: y = x W^T + b, W `[out, in]` split by rows:
+#       rank r computes output features `r*out/n : (r+1)*out/n`.
+#    6. RowParallelLinear.__init__ and .forward: y = x W^T + b, W `[out, in]` split by columns:
+#       rank r multiplies input features `r*in/n : (r+1)*in/n`, g sums the partial products, then
+#       the replicated bias is added once (before g it would count n times).
+#    7. TPMLP.__init__ and .forward: `blocks.{layer}.mlp` over n ranks, one f at the input and one
+#       g at the output.
+#    8. TPAttention.__init__ and .forward: Causal self-attention of `blocks.{layer}` on heads/n
+#       heads per rank: wq, wk, wv column-parallel (their output features are whole heads), wo
+#       row-parallel.
+#    9. TPBlock.__init__ and .forward: Pre-norm block `blocks.{layer}`: TPAttention and TPMLP
+#       between replicated norms, dropouts and residual adds (every rank does them on the whole,
+#       identical activation).
+#   10. VocabParallelEmbedding.forward: `embed`: token rows split by vocab (V/n per rank) and
+#       replicated positions (gpt).
+#   11. vocab_parallel_cross_entropy: Mean over tokens of `log sum_v exp(z_v - m) - (z_target - m)`
+#       from this rank's logits `[B, S, V/n]`, m the max over the whole vocabulary: one all-reduce
+#       (MAX) for m, one g each for the sum of exponentials and the target logit (one rank holds
+#       it).
+#   12. TPModel.__init__ and .forward: `ReferenceModel` over n ranks, parameter names unchanged:
+#       vocab-parallel embedding, TP blocks, replicated final norm, vocab-parallel head
+#       (column-parallel, no bias) and loss.
+"""Lab 4 -- tensor parallelism (Megatron-LM, arXiv 1909.08053 sec. 3): split every matrix over n ranks.
 
-Megatron-LM (Shoeybi et al. 2019, arXiv 1909.08053, sec. 3 and Fig. 3) cuts a transformer
-block so that each half of it costs one all-reduce forward and one backward:
-
-* the first matrices of a half (``wq wk wv`` of attention, ``fc1`` / ``w_gate w_up`` of the
-  MLP) are **column-parallel**: rank r keeps output features ``r*out/n : (r+1)*out/n``, so it
-  computes its slice of the output from the *whole* input. For q/k/v those features are whole
-  heads, so attention itself runs on ``heads/n`` heads per rank with no communication;
-* the last matrix (``wo``, ``fc2`` / ``w_down``) is **row-parallel**: rank r keeps input
-  features ``r*in/n : (r+1)*in/n`` -- exactly the slice the column-parallel layer left it --
-  and produces a *partial sum* of the output. One all-reduce adds the n partial sums.
-
-Two autograd functions carry that communication, and they are each other's conjugate (the
-forward of one is the backward of the other):
-
-====================================  ================  =================
-operator                              forward           backward
-====================================  ================  =================
-f  ``copy_to_tensor_parallel_region``  identity          all-reduce (sum)
-g  ``reduce_from_tensor_parallel_region`` all-reduce (sum) identity
-====================================  ================  =================
-
-Why f all-reduces in backward: the input x of a half is replicated, and every rank uses it
-for *its* slice of the column-parallel output, so each rank's dL/dx is only the part that
-flows through its own slice. The true gradient is the sum over ranks. Why g is the identity
-in backward: its output is replicated and every rank holds the same dL/dy, which is the
-gradient of each partial sum as well.
-
-Per block (batch B, sequence S, hidden H): 2 all-reduces of B*S*H elements forward (g after
-attention, g after the MLP) and 2 backward (f before each half), nothing else.
-
-The vocabulary is split the same way: the embedding table and the LM head keep V/n rows each
-(vocab-parallel), and the cross-entropy is computed from the local logits with three small
-all-reduces of B*S numbers (max, sum of exponentials, target logit), so no rank ever holds
-the full ``[B, S, V]`` logits.
-
-Everything is built from the reference model's weights (``workbook.model``): rank r's piece
-of ``blocks.0.attn.wq.weight`` is ``local_weight(cfg, name, r, n)``, so outputs and every
-gradient can be compared with the single-device model.
-
-Run it: ``workbook run tp`` (the grader's checks, then collectives and activation memory per
-rank), ``python labs/tp.py --nproc 4`` or ``torchrun --nproc_per_node=4 labs/tp.py``
-(``--trace-dir traces/tp`` adds a trace).
+Lesson 4 explains it: column-parallel matrices keep ``out/n`` output features, row-parallel ones
+``in/n`` input features, and two conjugate operators, f and g, carry all the communication. Weights
+come from the reference model (given helpers: ``workbook/tp.py``), so every result is compared with
+one device. Run: ``workbook run tp`` or ``torchrun --nproc_per_node=4 labs/tp.py``; grade:
+``workbook grade --lab tp``.
 """
 from __future__ import annotations
 
@@ -52,68 +47,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workbook.model import ModelConfig, dropout_mask, local_weight
+from workbook.model import ModelConfig, dropout_mask
 from workbook.model import ops as model_ops    # (not "ops": cloudpickle would mistake it for torch.ops)
-from workbook.model.reference import make_norm
-
-
-# --------------------------------------------------------------------------- helpers (given)
-def tp_rank() -> int:
-    """This rank's index in the tensor-parallel group (here: the whole world)."""
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def tp_world_size() -> int:
-    """Number of tensor-parallel ranks n."""
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def rank_device() -> torch.device:
-    """``cuda:LOCAL_RANK`` on NCCL, else ``cpu`` (from the launcher)."""
-    try:
-        from workbook import launch
-        return launch.device()
-    except RuntimeError:                       # outside a launched rank (a plain script)
-        return torch.device("cpu")
-
-
-def split_last_dim(x: torch.Tensor) -> torch.Tensor:
-    """This rank's contiguous 1/n piece of ``x`` along its last dim (no communication)."""
-    n = tp_world_size()
-    if x.shape[-1] % n:
-        raise ValueError(f"cannot split a last dim of {x.shape[-1]} over {n} ranks")
-    return x.chunk(n, dim=-1)[tp_rank()].contiguous()
-
-
-def gather_last_dim(x: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``x`` joined along the last dim, in rank order: ``[..., k] -> [..., n*k]``.
-
-    Use ``dist.all_gather_into_tensor``: it concatenates the ranks' tensors along dim 0 (gloo
-    wants the output shaped ``[n * x.shape[0], ...]``), so view the result as ``[n, *x.shape]``
-    and move the rank dim next to the last one."""
-    n = tp_world_size()
-    if n == 1:
-        return x
-    # TODO: gather into an [n*d0, d1, ...] buffer, view it [n, *x.shape], movedim
-    raise NotImplementedError("not implemented yet: tp.gather_last_dim")
-
-
-def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum of ``x`` over the ranks, as a new tensor (``x`` itself is not changed)."""
-    out = x.clone(memory_format=torch.contiguous_format)
-    if tp_world_size() > 1:
-        dist.all_reduce(out)
-    return out
+from workbook.model.reference import make_norm, rope_tables
+from workbook.tp import all_reduce_sum, conjugate_op, gather_last_dim, local_param, rank_device, \
+    split_last_dim, tp_world_size, vocab_range
 
 
 # --------------------------------------------------------------------------- 1. the conjugate ops
 class _CopyToTensorParallelRegion(torch.autograd.Function):
-    """f: identity forward, all-reduce of the gradient backward."""
-
+    """f: identity forward; all-reduce backward (each rank's dL/dx covers only its column slice)."""
     @staticmethod
     def forward(ctx, x):
-        # TODO: the input is already on every rank
-        raise NotImplementedError("not implemented yet: tp._CopyToTensorParallelRegion.forward")
+        return x.view_as(x)                    # (given) the input is already on every rank
 
     @staticmethod
     def backward(ctx, grad):
@@ -122,8 +68,7 @@ class _CopyToTensorParallelRegion(torch.autograd.Function):
 
 
 class _ReduceFromTensorParallelRegion(torch.autograd.Function):
-    """g: all-reduce forward, identity backward."""
-
+    """g: all-reduce forward (sum the partial outputs); identity backward (dL/dy is replicated)."""
     @staticmethod
     def forward(ctx, x):
         # TODO: add the partial sums of every rank
@@ -131,82 +76,39 @@ class _ReduceFromTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # TODO: the output is replicated, so is its gradient
-        raise NotImplementedError("not implemented yet: tp._ReduceFromTensorParallelRegion.backward")
+        return grad                            # (given) the output is replicated, so is dL/dy
 
 
-class _ScatterToTensorParallelRegion(torch.autograd.Function):
-    """Keep this rank's slice of the last dim; backward gathers the slices' gradients."""
-
-    @staticmethod
-    def forward(ctx, x):
-        raise NotImplementedError("not implemented yet: tp._ScatterToTensorParallelRegion.forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise NotImplementedError("not implemented yet: tp._ScatterToTensorParallelRegion.backward")
-
-
-class _GatherFromTensorParallelRegion(torch.autograd.Function):
-    """Join every rank's slice along the last dim; backward keeps this rank's slice."""
-
-    @staticmethod
-    def forward(ctx, x):
-        raise NotImplementedError("not implemented yet: tp._GatherFromTensorParallelRegion.forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise NotImplementedError("not implemented yet: tp._GatherFromTensorParallelRegion.backward")
-
-
-def copy_to_tensor_parallel_region(x: torch.Tensor) -> torch.Tensor:
-    """f (enter a parallel region): forward identity, backward all-reduce."""
-    return _CopyToTensorParallelRegion.apply(x)
-
-
-def reduce_from_tensor_parallel_region(x: torch.Tensor) -> torch.Tensor:
-    """g (leave a parallel region): forward all-reduce, backward identity."""
-    return _ReduceFromTensorParallelRegion.apply(x)
+copy_to_tensor_parallel_region = _CopyToTensorParallelRegion.apply          # f
+reduce_from_tensor_parallel_region = _ReduceFromTensorParallelRegion.apply  # g
 
 
 def scatter_to_tensor_parallel_region(x: torch.Tensor) -> torch.Tensor:
-    """Split the last dim (forward); all-gather the gradient (backward)."""
-    return _ScatterToTensorParallelRegion.apply(x)
+    """Keep this rank's slice of the last dim; backward all-gathers the slices' gradients."""
+    # TODO: workbook.tp.conjugate_op(x, forward, backward) with the two given helpers
+    raise NotImplementedError("not implemented yet: tp.scatter_to_tensor_parallel_region")
 
 
 def gather_from_tensor_parallel_region(x: torch.Tensor) -> torch.Tensor:
-    """All-gather along the last dim (forward); keep this rank's slice of the gradient."""
-    return _GatherFromTensorParallelRegion.apply(x)
+    """All-gather along the last dim (forward); keep this rank's slice of the gradient
+    (backward): the mirror image of scatter."""
+    # TODO: as scatter, the other way round
+    raise NotImplementedError("not implemented yet: tp.gather_from_tensor_parallel_region")
 
 
 # --------------------------------------------------------------------------- 2. parallel linears
-def _param(cfg: ModelConfig, name: str, device) -> nn.Parameter:
-    """Rank's piece of reference parameter ``name`` (sliced by its shard spec)."""
-    return nn.Parameter(local_weight(cfg, name, tp_rank(), tp_world_size(), device))
-
-
 class ColumnParallelLinear(nn.Module):
-    """y = x W^T + b with W ``[out, in]`` split by rows: rank r computes output features
-    ``r*out/n : (r+1)*out/n`` of the whole input.
-
-    ``name`` is the reference's name (``blocks.0.mlp.fc1``); the weight and bias are
-    ``local_weight(cfg, name + ".weight", ...)`` etc. ``bias`` defaults to the style's (gpt:
-    yes, llama: no). ``copy_input``: apply f to the input (set False when several column
-    layers read the same input and the caller applied f once, as q, k and v do, so that
-    backward all-reduces their summed gradient once). ``gather_output``: all-gather the
-    output slices into the full ``[..., out]`` (otherwise each rank returns its slice)."""
+    """y = x W^T + b, W ``[out, in]`` split by rows: rank r computes output features ``r*out/n :
+    (r+1)*out/n``. ``copy_input``: apply f first (False when the caller applied f once for several
+    layers, as for q, k, v); ``gather_output``: all-gather the slices into ``[..., out]``."""
 
     def __init__(self, cfg: ModelConfig, name: str, in_features: int, out_features: int, *,
                  bias: bool | None = None, gather_output: bool = False, copy_input: bool = True,
                  device=None):
         super().__init__()
         self.name, self.gather_output, self.copy_input = name, gather_output, copy_input
-        n = tp_world_size()
-        if out_features % n:
-            raise ValueError(f"{name}: out_features={out_features} is not divisible by tp={n}")
-        device = device or rank_device()
         bias = cfg.style == "gpt" if bias is None else bias
-        # TODO: self.weight [out/n, in] and self.bias [out/n] (or None) from _param
+        # TODO: self.weight [out/n, in] and self.bias [out/n] (or None), with local_param
         raise NotImplementedError("not implemented yet: tp.ColumnParallelLinear.__init__")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -215,21 +117,14 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    """y = x W^T + b with W ``[out, in]`` split by columns: rank r multiplies input features
-    ``r*in/n : (r+1)*in/n`` and the partial products are summed by g.
-
-    ``input_is_parallel``: the input is already this rank's slice (the output of a column
-    layer); otherwise it is the full input and is scattered first. The bias is replicated
-    and must be added once, after the reduction (added before it, it would count n times)."""
+    """y = x W^T + b, W ``[out, in]`` split by columns: rank r multiplies input features ``r*in/n
+    : (r+1)*in/n``, g sums the partial products, then the replicated bias is added once (before
+    g it would count n times). ``input_is_parallel=False``: scatter a full input first."""
 
     def __init__(self, cfg: ModelConfig, name: str, in_features: int, out_features: int, *,
                  bias: bool | None = None, input_is_parallel: bool = True, device=None):
         super().__init__()
         self.name, self.input_is_parallel = name, input_is_parallel
-        n = tp_world_size()
-        if in_features % n:
-            raise ValueError(f"{name}: in_features={in_features} is not divisible by tp={n}")
-        device = device or rank_device()
         bias = cfg.style == "gpt" if bias is None else bias
         # TODO: self.weight [out, in/n]; self.bias [out], the full (replicated) bias
         raise NotImplementedError("not implemented yet: tp.RowParallelLinear.__init__")
@@ -239,11 +134,10 @@ class RowParallelLinear(nn.Module):
         raise NotImplementedError("not implemented yet: tp.RowParallelLinear.forward")
 
 
-# --------------------------------------------------------------------------- 3. MLP and attention
+# --------------------------------------------------------------------------- 3. MLP, attention, block
 class TPMLP(nn.Module):
-    """The MLP of ``blocks.{layer}`` over n ranks: column layers, the elementwise middle on
-    F/n features, the row layer. gpt: fc1 -> gelu -> fc2; llama: w_down(silu(w_gate x) * w_up x).
-    One f at the input (shared by w_gate and w_up), one g at the output."""
+    """``blocks.{layer}.mlp`` over n ranks, one f at the input and one g at the output. gpt:
+    fc2(gelu(fc1 x)); llama: w_down(silu(w_gate x) * w_up x); the middle runs on F/n features."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None):
         super().__init__()
@@ -254,39 +148,30 @@ class TPMLP(nn.Module):
         raise NotImplementedError("not implemented yet: tp.TPMLP.__init__")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # TODO: f once for all column layers, then the reference's formula
         raise NotImplementedError("not implemented yet: tp.TPMLP.forward")
 
 
 class TPAttention(nn.Module):
-    """Causal self-attention of ``blocks.{layer}`` with heads/n heads per rank: wq, wk, wv
-    column-parallel (one f for the three), attention on the local heads (``model_ops.causal_attention``,
-    with RoPE for llama), wo row-parallel."""
+    """Causal self-attention of ``blocks.{layer}`` on heads/n heads per rank: wq, wk, wv
+    column-parallel (their output features are whole heads), wo row-parallel."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None):
         super().__init__()
         cfg.validate(tp=tp_world_size())
         self.cfg, self.name = cfg, f"blocks.{layer}.attn"
-        H = cfg.hidden
-        self.local_heads = cfg.heads // tp_world_size()
+        H, self.local_heads = cfg.hidden, cfg.heads // tp_world_size()
         # TODO: wq, wk, wv (ColumnParallelLinear, copy_input=False), wo (row)
         raise NotImplementedError("not implemented yet: tp.TPAttention.__init__")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        rope = None
-        if cfg.style == "llama":
-            positions = torch.arange(x.shape[1], device=x.device)
-            rope = model_ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, x.dtype)
-        # TODO: f once, q k v on the local heads, model_ops.causal_attention, wo
+        # TODO: f once, q k v on the local heads, model_ops.causal_attention (rope_tables), wo
         raise NotImplementedError("not implemented yet: tp.TPAttention.forward")
 
 
-# --------------------------------------------------------------------------- 4. block and model
 class TPBlock(nn.Module):
-    """Pre-norm block ``blocks.{layer}``: the norms (replicated: every rank normalises the
-    whole activation with the full gain), TPAttention, TPMLP and dropout with the reference's
-    masks (``dropout_mask`` of the full ``[B, S, H]`` shape, site ``blocks.{layer}.attn.dropout``
-    / ``.mlp.dropout``): every rank applies the same mask to the same replicated activation."""
+    """Pre-norm block ``blocks.{layer}``: TPAttention and TPMLP between replicated norms, dropouts
+    and residual adds (every rank does them on the whole, identical activation)."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None):
         super().__init__()
@@ -295,39 +180,34 @@ class TPBlock(nn.Module):
         self.cfg, self.layer, self.name = cfg, layer, f"blocks.{layer}"
         self.norm1 = make_norm(cfg, f"{self.name}.norm1").to(device)
         self.norm2 = make_norm(cfg, f"{self.name}.norm2").to(device)
+        # TODO: the two parallel sublayers, named like the reference's
         raise NotImplementedError("not implemented yet: tp.TPBlock.__init__")
 
     def dropout(self, x: torch.Tensor, site: str, step: int) -> torch.Tensor:
+        """The reference's dropout: the same mask on every rank (the activation is replicated)."""
         if not self.training or self.cfg.dropout == 0.0:
             return x
-        # TODO: multiply by the reference's mask for this site and step
-        raise NotImplementedError("not implemented yet: tp.TPBlock.dropout")
+        return x * dropout_mask(self.cfg, f"{self.name}.{site}.dropout", x.shape, step, x.device)
 
     def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
+        # TODO: pre-norm residuals, as in workbook.model.Block
         raise NotImplementedError("not implemented yet: tp.TPBlock.forward")
 
 
-def vocab_range(vocab_size: int) -> tuple[int, int]:
-    """``(start, stop)`` of the token ids this rank's vocab-parallel rows hold."""
-    piece = vocab_size // tp_world_size()
-    return tp_rank() * piece, (tp_rank() + 1) * piece
-
-
+# --------------------------------------------------------------------------- 4. vocab-parallel model
 class VocabParallelEmbedding(nn.Module):
-    """``embed``: token table ``tok.weight`` split by vocab rows (V/n per rank), plus the
-    replicated learned positions ``pos.weight`` (gpt). A rank looks up the tokens it holds,
-    writes zeros for the others, and g adds the n partial embeddings."""
+    """``embed``: token rows split by vocab (V/n per rank) and replicated positions (gpt). A rank
+    looks up the tokens it holds, writes zeros for the others; g adds the n partial embeddings."""
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
         cfg.validate(tp=tp_world_size())
-        device = device or rank_device()
         self.cfg, self.name = cfg, "embed"
         self.tok = nn.Module()
-        self.tok.weight = _param(cfg, "embed.tok.weight", device)             # [V/n, H]
+        self.tok.weight = local_param(cfg, "embed.tok.weight", device)        # [V/n, H]
         if cfg.style == "gpt":
             self.pos = nn.Module()
-            self.pos.weight = _param(cfg, "embed.pos.weight", device)         # [S, H], replicated
+            self.pos.weight = local_param(cfg, "embed.pos.weight", device)    # [S, H], replicated
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         start, stop = vocab_range(self.cfg.vocab_size)
@@ -337,24 +217,17 @@ class VocabParallelEmbedding(nn.Module):
 
 def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tensor,
                                  vocab_size: int) -> torch.Tensor:
-    """Mean next-token loss from this rank's logits ``[B, S, V/n]`` (vocab rows
-    ``vocab_range(V)``), without building the full logits.
-
-    loss = mean over tokens of log(sum_v exp(z_v - m)) - (z_target - m), with m the max over
-    the whole vocabulary: one all-reduce (MAX) for m, one (sum) for the sum of exponentials,
-    one (sum) for the target's logit, which only one rank holds. Make the two sums with g
-    (``reduce_from_tensor_parallel_region``) and autograd gets the gradient right: the loss is
-    replicated, so g's identity backward gives each rank the gradient of its own logits."""
+    """Mean over tokens of ``log sum_v exp(z_v - m) - (z_target - m)`` from this rank's logits
+    ``[B, S, V/n]``, m the max over the whole vocabulary: one all-reduce (MAX) for m, one g each
+    for the sum of exponentials and the target logit (one rank holds it). No full logits."""
     start, stop = vocab_range(vocab_size)
     # TODO: m needs no gradient (the loss does not depend on it); mask the target
     raise NotImplementedError("not implemented yet: tp.vocab_parallel_cross_entropy")
 
 
 class TPModel(nn.Module):
-    """The reference model over n ranks: vocab-parallel embedding, TP blocks, replicated final
-    norm, vocab-parallel head (a column-parallel linear without bias, output not gathered) and
-    the vocab-parallel cross-entropy. Parameter names match ``ReferenceModel``'s, so
-    ``grads_by_name(model)`` gives each rank's pieces under the reference names."""
+    """``ReferenceModel`` over n ranks, parameter names unchanged: vocab-parallel embedding, TP
+    blocks, replicated final norm, vocab-parallel head (column-parallel, no bias) and loss."""
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
@@ -364,13 +237,9 @@ class TPModel(nn.Module):
         # TODO: embed, blocks (nn.ModuleList), norm_f (make_norm), head
         raise NotImplementedError("not implemented yet: tp.TPModel.__init__")
 
-    def local_logits(self, tokens: torch.Tensor, step: int = 0) -> torch.Tensor:
-        """This rank's ``[B, S, V/n]`` logits."""
-        raise NotImplementedError("not implemented yet: tp.TPModel.local_logits")
-
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, step: int = 0) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(self.local_logits(tokens, step), targets,
-                                            self.cfg.vocab_size)
+        # TODO: embed, every block (with the step), final norm, head, the vocab-parallel loss
+        raise NotImplementedError("not implemented yet: tp.TPModel.forward")
 
 
 if __name__ == "__main__":

@@ -321,12 +321,15 @@ for phase in ("forward", "backward"):
 # Open `labs/tp.py` and replace each `raise NotImplementedError`, in this order (each step uses
 # the ones before):
 #
-# 1. `gather_last_dim`, then the autograd functions: **f** (`_CopyToTensorParallelRegion`), **g**
-#    (`_ReduceFromTensorParallelRegion`), scatter and gather;
+# 1. the autograd functions: **f** (`_CopyToTensorParallelRegion`), **g**
+#    (`_ReduceFromTensorParallelRegion`), scatter and gather (`split_last_dim` and
+#    `gather_last_dim` are given, in `workbook/tp.py`);
 # 2. `ColumnParallelLinear` and `RowParallelLinear` (the bias after g!);
 # 3. `TPMLP` and `TPAttention` (one f for `W_q W_k W_v` together);
-# 4. `TPBlock`, with the reference's dropout masks;
+# 4. `TPBlock`;
 # 5. `VocabParallelEmbedding`, `vocab_parallel_cross_entropy` and `TPModel`.
+#
+# The task list at the top of `labs/tp.py` gives the same steps with the points each carries.
 #
 # Run it with `workbook run tp --nproc 2 --trace-dir runs/tp` (then open `runs/tp/report.html`),
 # and re-run this notebook's "your block" cells to see your own timeline. The grader compares

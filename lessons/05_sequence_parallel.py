@@ -393,8 +393,9 @@ mem
 # Run it with `workbook run sp --nproc 2 --link dgx-h100 --trace-dir runs/sp` (then open
 # `runs/sp/report.html`), and re-run the cells above to see your own timeline. The grader checks
 # your block and model against the single-device reference on several rank counts, reads the
-# all-gathers and reduce-scatters from your trace, and measures your activation memory. The
-# memory comparison uses your lab 4 `TPBlock`, so finish `tp` first.
+# all-gathers and reduce-scatters from your trace, and measures your activation memory against
+# what a TP block saves (predicted from the single-device block: lab 5 is graded on its own, and
+# the vocab-parallel loss it needs is given in `workbook/tp.py`).
 
 # %%
 check_your_work("sp")

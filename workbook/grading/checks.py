@@ -31,11 +31,11 @@ def _fmt(value) -> str:
 
 
 def assert_equal_on_rank(got, expected, *, rank: int, what: str, atol: float = 0.0,
-                         rtol: float = 0.0) -> None:
+                         rtol: float = 0.0, against: str = "the built-in") -> None:
     """Fail unless ``got`` matches ``expected`` (shape, dtype, then values within tolerances).
 
-    ``what`` names the result, e.g. ``"all_reduce(sum) result"``; the message points at the
-    first element that differs."""
+    ``what`` names the result, e.g. ``"all_reduce(sum) result"``; ``against`` names where the
+    expected value comes from. The message points at the first element that differs."""
     prefix = f"rank {rank}: {what}"
     if got is None and expected is not None:
         raise AssertionError(f"{prefix} is missing: got None, expected a tensor of shape "
@@ -59,7 +59,10 @@ def assert_equal_on_rank(got, expected, *, rank: int, what: str, atol: float = 0
     i = int(bad[0])
     dtype = str(e.dtype).replace("torch.", "")
     more = f"; {len(bad)} of {e.numel()} elements differ" if len(bad) > 1 else ""
-    raise AssertionError(f"{prefix} differs from the built-in at index {i}: expected "
+    if rtol or atol:
+        worst = float((g.double() - e.double()).abs().max())
+        more += f"; max |diff| {worst:.3g}, tolerance rtol={rtol:g} atol={atol:g}"
+    raise AssertionError(f"{prefix} differs from {against} at index {i}: expected "
                          f"{_fmt(e[i].item())}, got {_fmt(g[i].item())} ({dtype}, "
                          f"{e.numel()} element{'s' if e.numel() != 1 else ''}{more})")
 

@@ -85,6 +85,16 @@ def make_norm(cfg: ModelConfig, name: str) -> nn.Module:
     return LayerNorm(cfg, name) if cfg.style == "gpt" else RMSNorm(cfg, name)
 
 
+def rope_tables(cfg: ModelConfig, x: torch.Tensor, positions: Optional[torch.Tensor] = None):
+    """The RoPE ``(cos, sin)`` pair for the positions of ``x [B, S, H]`` (llama style; gpt
+    style has learned positions instead and gets None). ``positions`` default to ``0..S-1``."""
+    if cfg.style != "llama":
+        return None
+    if positions is None:
+        positions = torch.arange(x.shape[1], device=x.device)
+    return ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, x.dtype)
+
+
 class Attention(nn.Module):
     """Causal multi-head self-attention with separate ``wq, wk, wv, wo``.
 
@@ -107,13 +117,8 @@ class Attention(nn.Module):
         self.wo = Linear(cfg, f"{name}.wo", H, H)
 
     def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-        cfg = self.cfg
-        rope = None
-        if cfg.style == "llama":
-            if positions is None:
-                positions = torch.arange(x.shape[1], device=x.device)
-            rope = ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, x.dtype)
-        ctx = ops.causal_attention(self.wq(x), self.wk(x), self.wv(x), cfg.heads, rope)  # [B, S, H]
+        rope = rope_tables(self.cfg, x, positions)
+        ctx = ops.causal_attention(self.wq(x), self.wk(x), self.wv(x), self.cfg.heads, rope)  # [B, S, H]
         return self.wo(ctx)                                                              # [B, S, H]
 
 

@@ -19,6 +19,39 @@ link are labelled so: they are a CPU in slow motion, not measured hardware.
 """
 
 
+def block_case(sequence_parallel: bool = False):
+    """``(cfg, x, dy)`` for the tp and sp figures: a GPT config in fp64 with dropout that splits
+    over this job's ranks, and a full ``[B=2, S, H]`` input and output gradient (same on every
+    rank)."""
+    import torch
+
+    from workbook.model import ModelConfig
+    from workbook.tp import rank_device, tp_world_size
+    cfg = ModelConfig(dtype="float64", dropout=0.1)
+    try:
+        cfg.validate(tp=tp_world_size(), sequence_parallel=sequence_parallel)
+    except ValueError:
+        cfg = ModelConfig.odd_shapes(dtype="float64", dropout=0.1)
+    g = torch.Generator().manual_seed(0)
+    shape = (2, cfg.seq_len, cfg.hidden)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64).to(rank_device())
+    dy = torch.randn(*shape, generator=g, dtype=torch.float64).to(rank_device())
+    return cfg, x, dy
+
+
+def where_measured(link_label) -> str:
+    """How a figure was taken: the simulated link, labelled so, or plain gloo."""
+    return link_label.replace("simulated", "SIMULATED", 1) if link_label else "gloo"
+
+
+def phase_times(p: dict) -> str:
+    """``wall ms``, ``comm ms`` and ``compute ms`` columns of one phase (``run_phases``);
+    the last two need a trace (``-`` without one)."""
+    comm = f"{p['comm_ms']:.2f}" if "comm_ms" in p else "-"
+    comp = f"{p['compute_ms']:.2f}" if "compute_ms" in p else "-"
+    return f"{p['ms']:>9.2f}{comm:>9}{comp:>11}"
+
+
 def best_time(fn, make_input, iters: int = 5) -> float:
     """The fastest of ``iters`` timed calls ``fn(make_input())``, every rank starting together
     (a barrier before each): the least disturbed measurement on a shared machine."""

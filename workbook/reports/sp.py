@@ -7,50 +7,42 @@ of its replicated parameters on each rank, inside ``record_function`` ranges ``"
 * **collectives per phase** and the **bus bytes** each rank sends (nccl-tests convention: an
   all-reduce of S bytes sends 2(n-1)/n S, an all-gather or reduce-scatter of the full S-byte
   buffer (n-1)/n S), beside what vanilla TP's 2 all-reduces of ``[B, S, H]`` send: the same;
-* **activation memory**: bytes autograd saves for backward in one block (the lab's
-  ``saved_activation_bytes``), lab 4's TP block against this SP block, measured and predicted:
-  SP keeps the parallel regions (attention, MLP) and divides the rest (norms, dropout,
-  residual) by n, so ``predicted = TP parallel + TP rest / n``.
+* **activation memory**: bytes autograd saves for backward in one block
+  (``workbook.model.memory``), this SP block measured against a TP block predicted from the
+  single-device one: SP keeps the parallel regions (attention, MLP) and divides the rest (norms,
+  dropout, residual) by n, so ``predicted = TP parallel + TP rest / n``.
 """
 from __future__ import annotations
 
-from workbook.reports import run_phases
+from workbook.reports import phase_times, run_phases, where_measured
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
 
 
 def run(trace_dir=None, impl=None) -> dict:
-    import torch
-
     from workbook import link
     from workbook.grading.labs import load_lab
-    from workbook.model import ModelConfig
-    lab, tp = load_lab("sp", impl), load_lab("tp", impl)
-    rank, n, dev = lab.tp_rank(), lab.tp_world_size(), lab.rank_device()
-    cfg = ModelConfig(dtype="float64", dropout=0.1)
-    if cfg.heads % n or cfg.seq_len % n:
-        cfg = ModelConfig.odd_shapes(dtype="float64", dropout=0.1)
-    B, S, H = 2, cfg.seq_len, cfg.hidden
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev)
-    dy = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev)
-    block = lab.SPBlock(cfg, 0, dev)
-    xs = lab.split_sequence(x).requires_grad_()
-    block(xs, step=1).backward(lab.split_sequence(dy))     # warm-up (the first backward is slow)
+    from workbook.model.memory import saved_bytes_by_region, tensor_parallel_bytes
+    from workbook.reports import block_case
+    from workbook.tp import sequence_range, tp_rank, tp_world_size
+    lab, n = load_lab("sp", impl), tp_world_size()
+    cfg, x, dy = block_case(sequence_parallel=True)
+    shard = slice(*sequence_range(cfg.seq_len))
+    xs, dys = x[:, shard].contiguous().requires_grad_(), dy[:, shard].contiguous()
+    block = lab.SPBlock(cfg, 0, x.device)
+    block(xs, step=1).backward(dys)                        # warm-up (the first backward is slow)
     block.zero_grad(set_to_none=True)
     phases = run_phases(trace_dir, "sp", {
         "forward": lambda _: block(xs, step=1),
-        "backward": lambda y: y.backward(lab.split_sequence(dy)),
+        "backward": lambda y: y.backward(dys),
         "grad_sync": lambda _: lab.sync_sequence_parallel_grads(block)})
-    xs2 = lab.split_sequence(x).requires_grad_()
-    _, sp_mem = lab.saved_activation_bytes(lambda: block(xs2, step=1), block,
-                                           (lab.SPAttention, lab.SPMLP))
-    tp_block, x2 = tp.TPBlock(cfg, 0, dev), x.clone().requires_grad_()
-    _, tp_mem = lab.saved_activation_bytes(lambda: tp_block(x2, step=1), tp_block,
-                                           (tp.TPAttention, tp.TPMLP))
+    xs2 = xs.detach().clone().requires_grad_()
+    sp_mem = saved_bytes_by_region(lambda: block(xs2, step=1), block, (lab.SPAttention, lab.SPMLP),
+                                   outside="sequence")
+    tp_mem = tensor_parallel_bytes(cfg, n, batch=x.shape[0], step=1)
     sim = link.current_link()
-    return {"rank": rank, "world_size": n, "elements_BSH": B * S * H, "elsize": 8,
+    return {"rank": tp_rank(), "world_size": n, "elements_BSH": x.numel(), "elsize": 8,
             "block": phases, "link": sim.label if sim else None,
             "memory": {"tp": tp_mem, "sp": sp_mem,
                        "predicted_sp": tp_mem["parallel"] + tp_mem["sequence"] / n}}
@@ -61,7 +53,7 @@ def describe(results: list[dict]) -> str:
     from workbook.trace import canonical_collective
     first, n = results[0], len(results)
     bsh = first["elements_BSH"] * first["elsize"]
-    where = first["link"].replace("simulated", "SIMULATED", 1) if first["link"] else "gloo"
+    where = where_measured(first["link"])
     lines = [f"sp figures: one SP block on {n} ranks (float64, B*S*H = {first['elements_BSH']} "
              f"elements), rank 0; {where}",
              f"{'phase':<10}{'collectives':<34}{'bus bytes':>10}{'TP bus bytes':>13}"
@@ -79,17 +71,15 @@ def describe(results: list[dict]) -> str:
         text = ", ".join(f"{c['count']}x {k}" for k, c in calls.items()) or "none"
         bus = sum((c["bytes"] or 0) * bus_factor(k, n) for k, c in calls.items())
         tp = f"{2 * bsh * bus_factor('all_reduce', n):.0f}" if phase != "grad_sync" else "-"
-        comm = f"{p['comm_ms']:.2f}" if "comm_ms" in p else "-"
-        comp = f"{p['compute_ms']:.2f}" if "compute_ms" in p else "-"
-        lines.append(f"{phase:<10}{text:<34}{bus:>10.0f}{tp:>13}{p['ms']:>9.2f}{comm:>9}{comp:>11}")
+        lines.append(f"{phase:<10}{text:<34}{bus:>10.0f}{tp:>13}{phase_times(p)}")
     lines.append("bus bytes: what each rank sends, nccl-tests convention (all-reduce of S bytes: "
                  "2(n-1)/n S; all-gather / reduce-scatter of the full S-byte buffer: (n-1)/n S)")
     m = first["memory"]
     tp_total = m["tp"]["parallel"] + m["tp"]["sequence"]
     sp_total = m["sp"]["parallel"] + m["sp"]["sequence"]
-    lines.append(f"activation memory of one block, rank 0 (bytes saved for backward): TP "
-                 f"{tp_total:,} (attention + MLP {m['tp']['parallel']:,}, norms/dropout/residual "
-                 f"{m['tp']['sequence']:,}); SP measured {sp_total:,}, predicted "
-                 f"{m['predicted_sp']:,.0f} = {m['tp']['parallel']:,} + {m['tp']['sequence']:,}/{n}"
-                 f" ({sp_total / tp_total:.2f}x of TP, saved {tp_total - sp_total:,})")
+    lines.append(f"activation memory of one block, rank 0 (bytes saved for backward): TP (predicted) "
+                 f"{tp_total:,.0f} (attention + MLP {m['tp']['parallel']:,.0f}, norms/dropout/residual "
+                 f"{m['tp']['sequence']:,.0f}); SP measured {sp_total:,}, predicted "
+                 f"{m['predicted_sp']:,.0f} = {m['tp']['parallel']:,.0f} + {m['tp']['sequence']:,.0f}/{n}"
+                 f" ({sp_total / tp_total:.2f}x of TP, saved {tp_total - sp_total:,.0f})")
     return "\n".join(lines)

@@ -14,45 +14,40 @@ backward pass on each rank, inside ``record_function("forward")`` / ``("backward
 from __future__ import annotations
 
 from workbook.model.memory import saved_bytes_by_region
-from workbook.reports import run_phases
+from workbook.reports import phase_times, run_phases, where_measured
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
 
 
 def run(trace_dir=None, impl=None) -> dict:
-    import torch
-
     from workbook import link
     from workbook.grading.labs import load_lab
-    from workbook.model import Block, ModelConfig
+    from workbook.model import Block
     from workbook.model.reference import MLP, Attention
+    from workbook.reports import block_case
+    from workbook.tp import tp_rank, tp_world_size
     lab = load_lab("tp", impl)
-    rank, n, dev = lab.tp_rank(), lab.tp_world_size(), lab.rank_device()
-    cfg = ModelConfig(dtype="float64", dropout=0.1)
-    if cfg.heads % n or cfg.hidden % n:
-        cfg = ModelConfig.odd_shapes(dtype="float64", dropout=0.1)
-    B, S, H = 2, cfg.seq_len, cfg.hidden
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev).requires_grad_()
-    dy = torch.randn(B, S, H, generator=g, dtype=torch.float64).to(dev)
-    block = lab.TPBlock(cfg, 0, dev)
+    cfg, x, dy = block_case()
+    x.requires_grad_()
+    block = lab.TPBlock(cfg, 0, x.device)
     block(x, step=1).backward(dy)                          # warm-up (the first backward is slow)
     phases = run_phases(trace_dir, "tp", {"forward": lambda _: block(x, step=1),
                                           "backward": lambda y: y.backward(dy)})
     x2 = x.detach().clone().requires_grad_()
-    ref = Block(cfg, 0).to(dev)
+    ref = Block(cfg, 0).to(x.device)
     memory = {"tp": saved_bytes_by_region(lambda: block(x2, step=1), block,
                                           (lab.TPAttention, lab.TPMLP)),
               "reference": saved_bytes_by_region(lambda: ref(x2, step=1), ref, (Attention, MLP))}
     sim = link.current_link()
-    return {"rank": rank, "world_size": n, "elements_BSH": B * S * H, "dtype": cfg.dtype,
-            "block": phases, "memory": memory, "link": sim.label if sim else None}
+    return {"rank": tp_rank(), "world_size": tp_world_size(), "elements_BSH": x.numel(),
+            "dtype": cfg.dtype, "block": phases, "memory": memory,
+            "link": sim.label if sim else None}
 
 
 def describe(results: list[dict]) -> str:
     first, n = results[0], len(results)
-    where = first["link"].replace("simulated", "SIMULATED", 1) if first["link"] else "gloo"
+    where = where_measured(first["link"])
     lines = [f"tp figures: one TP block on {n} ranks ({first['dtype']}, B*S*H = "
              f"{first['elements_BSH']} elements), rank 0; {where}",
              f"{'phase':<10}{'collectives':<30}{'bytes':>10}{'wall ms':>9}{'comm ms':>9}"
@@ -61,9 +56,7 @@ def describe(results: list[dict]) -> str:
         calls = p.get("trace_calls") or p["calls"]
         text = ", ".join(f"{c['count']}x {k}" for k, c in calls.items()) or "none"
         nbytes = sum((c["bytes"] or 0) for c in calls.values())
-        comm = f"{p['comm_ms']:.2f}" if "comm_ms" in p else "-"
-        comp = f"{p['compute_ms']:.2f}" if "compute_ms" in p else "-"
-        lines.append(f"{phase:<10}{text:<30}{nbytes:>10}{p['ms']:>9.2f}{comm:>9}{comp:>11}")
+        lines.append(f"{phase:<10}{text:<30}{nbytes:>10}{phase_times(p)}")
     if "trace_calls" not in first["block"]["forward"]:
         lines.append("(collectives from the flight recorder; --trace-dir adds comm and compute "
                      "time from the trace)")

@@ -10,3 +10,6 @@ class _CopyToTensorParallelRegion(_CopyToTensorParallelRegion):  # noqa: F821 (f
     @staticmethod
     def backward(ctx, grad):
         return grad                                  # WRONG: no all-reduce
+
+
+copy_to_tensor_parallel_region = _CopyToTensorParallelRegion.apply

@@ -1,1 +1,0 @@
-../../../../solutions/tp.py
