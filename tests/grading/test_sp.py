@@ -139,11 +139,21 @@ def _results(n):
     return _pool_run("numerics", n, _run_all)
 
 
-def _check_part(part: str):
-    check_part(LAB, part, {n: _results(n) for n in world_sizes(1, 2, 3, 4)}, _linears, synced=True)
+def _part_test(part: str, points: int, tasks: tuple, doc: str):
+    """The grading test of one part of the lab: every rank's pieces, after
+    ``sync_sequence_parallel_grads``, against the reference (``tp_checks.check_part``)."""
+    @pytest.mark.points(points)
+    @pytest.mark.tasks(*tasks)
+    def test():
+        check_part(LAB, part, {n: _results(n) for n in world_sizes(1, 2, 3, 4)}, _linears,
+                   synced=True)
+    test.__doc__ = doc
+    return test
 
 
 @pytest.mark.points(3)
+@pytest.mark.tasks("all_gather_sequence", "reduce_scatter_sequence",
+                   "gather_from_sequence_parallel_region", "reduce_scatter_to_sequence_parallel_region")
 def test_sequence_ops():
     """All-gather / reduce-scatter along the sequence and their conjugate backwards, exactly."""
     for n in world_sizes(1, 2, 3, 4):
@@ -159,39 +169,23 @@ def test_sequence_ops():
                 torch.cat([ints(LAB, shard, "g", r) for r in range(n)], dim=1))})
 
 
-@pytest.mark.points(3)
-def test_sp_linears():
-    """Column layer: sequence shard in, column slice out; row layer: reduce-scattered output
-    with the bias once; bias gradients synchronised."""
-    _check_part("linear")
+test_sp_linears = _part_test(
+    "linear", 3, ("SPColumnParallelLinear", "SPRowParallelLinear", "sync_sequence_parallel_grads"),
+    "Column layer: sequence shard in, column slice out; row layer: reduce-scattered output with "
+    "the bias once; bias gradients synchronised.")
+test_sp_mlp = _part_test("mlp", 3, ("SPMLP",), "The MLP from sequence shards to sequence shards: "
+                         "one all-gather in, one reduce-scatter out.")
+test_sp_attention = _part_test("attn", 3, ("SPAttention",), "Attention over the whole gathered "
+                               "sequence (RoPE on the full positions for llama).")
+test_sp_block = _part_test("block", 3, ("sp_norm", "SPBlock"), "Norms and dropout on shards "
+                           "(each shard its slice of the reference mask); the norm gradients "
+                           "synchronised across the tensor-parallel ranks.")
+test_sp_model = _part_test("model", 4, ("SPEmbedding", "SPModel"), "Embedding reduce-scattered "
+                           "into shards, blocks, head and loss: the loss and every gradient.")
 
 
 @pytest.mark.points(3)
-def test_sp_mlp():
-    """The MLP from sequence shards to sequence shards: one all-gather in, one reduce-scatter
-    out; the fc2 / w_down bias gradient synchronised."""
-    _check_part("mlp")
-
-
-@pytest.mark.points(3)
-def test_sp_attention():
-    """Attention over the whole gathered sequence (RoPE on the full positions for llama)."""
-    _check_part("attn")
-
-
-@pytest.mark.points(3)
-def test_sp_block():
-    """Norms and dropout on shards (each shard its slice of the reference mask); the norm
-    gradients synchronised across the tensor-parallel ranks."""
-    _check_part("block")
-
-
-@pytest.mark.points(4)
-def test_sp_model():
-    _check_part("model")
-
-
-@pytest.mark.points(3)
+@pytest.mark.tasks("SPBlock")
 def test_activation_memory():
     """Bytes saved for backward by one block: the parallel regions (attention, MLP) as in TP,
     the rest (norms, dropout, residual) divided by n. Predicted SP = TP_parallel + TP_rest / n,
@@ -224,6 +218,7 @@ def test_activation_memory():
 
 
 @pytest.mark.points(3)
+@pytest.mark.tasks("SPBlock", "sync_sequence_parallel_grads")
 @pytest.mark.parametrize("n", [2, 3])
 def test_sp_block_pattern_from_trace(n, tmp_path):
     """From the trace of one SP block on a simulated link: forward and backward each make
@@ -276,6 +271,7 @@ def test_sp_block_pattern_from_trace(n, tmp_path):
 
 
 @pytest.mark.points(1)
+@pytest.mark.tasks("SPModel")
 def test_sp_divisibility_error():
     """A sequence length that does not split over tp is a one-line ValueError naming it."""
     for n in world_sizes(3, 4):

@@ -146,11 +146,20 @@ def _results(n):
     return _pool_run("numerics", n, _run_all)
 
 
-def _check_part(part: str):
-    check_part(LAB, part, {n: _results(n) for n in world_sizes(1, 2, 3, 4)}, _linears)
+def _part_test(part: str, points: int, tasks: tuple, doc: str):
+    """The grading test of one part of the lab: every rank's outputs and gradient pieces on
+    every world size and config, against the reference (``tp_checks.check_part``)."""
+    @pytest.mark.points(points)
+    @pytest.mark.tasks(*tasks)
+    def test():
+        check_part(LAB, part, {n: _results(n) for n in world_sizes(1, 2, 3, 4)}, _linears)
+    test.__doc__ = doc
+    return test
 
 
 @pytest.mark.points(3)
+@pytest.mark.tasks("_CopyToTensorParallelRegion", "_ReduceFromTensorParallelRegion",
+                   "scatter_to_tensor_parallel_region", "gather_from_tensor_parallel_region")
 def test_conjugate_ops():
     """f, g, scatter and gather: forward values and backward gradients, exactly."""
     for n in world_sizes(1, 2, 3, 4):
@@ -168,35 +177,19 @@ def test_conjugate_ops():
                 cut(ints(LAB, full, "g"), "last", rank, n))})
 
 
-@pytest.mark.points(3)
-def test_parallel_linears():
-    """Column- and row-parallel linears: outputs, input gradients and weight/bias gradient
-    pieces; the row bias is added once, after the reduction."""
-    _check_part("linear")
-
-
-@pytest.mark.points(3)
-def test_tp_mlp():
-    """The MLP on F/n features per rank: one f at its input, one g at its output."""
-    _check_part("mlp")
-
-
-@pytest.mark.points(3)
-def test_tp_attention():
-    """Attention on heads/n heads per rank (RoPE for llama), wo row-parallel."""
-    _check_part("attn")
-
-
-@pytest.mark.points(3)
-def test_tp_block():
-    """The whole pre-norm block with dropout (gpt) and without (llama)."""
-    _check_part("block")
-
-
-@pytest.mark.points(4)
-def test_tp_model():
-    """Vocab-parallel embedding, blocks, head and cross-entropy: the loss and every gradient."""
-    _check_part("model")
+test_parallel_linears = _part_test(
+    "linear", 3, ("ColumnParallelLinear", "RowParallelLinear"),
+    "Column- and row-parallel linears: outputs, input gradients and weight/bias gradient pieces; "
+    "the row bias is added once, after the reduction.")
+test_tp_mlp = _part_test("mlp", 3, ("TPMLP",), "The MLP on F/n features per rank: one f at its "
+                         "input, one g at its output.")
+test_tp_attention = _part_test("attn", 3, ("TPAttention",), "Attention on heads/n heads per "
+                               "rank (RoPE for llama), wo row-parallel.")
+test_tp_block = _part_test("block", 3, ("TPBlock",), "The whole pre-norm block with dropout "
+                           "(gpt) and without (llama).")
+test_tp_model = _part_test("model", 4, ("VocabParallelEmbedding", "vocab_parallel_cross_entropy",
+                                        "TPModel"), "Vocab-parallel embedding, blocks, head and "
+                           "cross-entropy: the loss and every gradient.")
 
 
 def _ar_sizes(calls, name="all_reduce"):
@@ -204,6 +197,7 @@ def _ar_sizes(calls, name="all_reduce"):
 
 
 @pytest.mark.points(2)
+@pytest.mark.tasks("vocab_parallel_cross_entropy", "TPModel")
 def test_tp_model_collectives():
     """From the flight recorder: forward = 2 all-reduces of B*S*H per block + 1 (embedding)
     + a few small ones of B*S numbers (the cross-entropy); backward = 2 per block + 1 (the
@@ -248,6 +242,7 @@ def test_tp_model_collectives():
 
 
 @pytest.mark.points(3)
+@pytest.mark.tasks("TPBlock")
 @pytest.mark.parametrize("n", [2, 3])
 def test_tp_block_pattern_from_trace(n, tmp_path):
     """From the profiler trace of one block on a simulated link: exactly 2 all-reduces in
@@ -282,6 +277,7 @@ def test_tp_block_pattern_from_trace(n, tmp_path):
 
 
 @pytest.mark.points(1)
+@pytest.mark.tasks("TPModel")
 def test_divisibility_error():
     """Shapes that do not split over tp give a one-line ValueError naming the field."""
     for n in world_sizes(3, 4):

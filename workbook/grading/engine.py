@@ -226,14 +226,14 @@ def load_checks(lab: str) -> list[Check]:
     spec = importlib.util.spec_from_file_location(f"workbook_checks_{lab}_{next(_LOADS)}", path)
     module = importlib.util.module_from_spec(spec)
     exec(_compile_with_pytest_asserts(path), module.__dict__)
-    tests = [f for name, f in vars(module).items() if name.startswith("test_") and callable(f)
-             and getattr(f, "__module__", None) == module.__name__]
-    tests.sort(key=lambda f: f.__code__.co_firstlineno)
+    tests = [(name, f) for name, f in vars(module).items()      # in file order, as pytest sees
+             if name.startswith("test_") and callable(f)          # them (a test made by a
+             and getattr(f, "__module__", None) == module.__name__]   # function: its own name)
     out = []
-    for f in tests:
+    for name, f in tests:
         marks = getattr(f, "pytestmark", [])
         points = next((float(m.args[0]) for m in marks if m.name == "points"), 0.0)
-        base = f.__name__[len("test_"):]
+        base = name[len("test_"):]
         params = [m for m in marks if m.name == "parametrize"]
         if not params:
             out.append(Check(lab, base, points, f, {}))
