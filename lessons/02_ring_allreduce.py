@@ -24,6 +24,7 @@ from IPython.display import display
 
 from workbook import colors
 from workbook.lessons import check_your_work
+from workbook.trace.view import live_output
 
 
 # %% [markdown]
@@ -77,19 +78,15 @@ def ring_figure(n: int, step: int):
 
 ranks = W.IntSlider(value=4, min=2, max=8, description="ranks")
 step = W.IntSlider(value=0, min=0, max=2 * (ranks.value - 1), description="step")
-ring_out = W.Output()
 
 
-def redraw(change=None):
+def ring_view():
     step.max = 2 * (ranks.value - 1)
-    ring_out.clear_output(wait=True)
-    with ring_out:
-        display(ring_figure(ranks.value, min(step.value, step.max)))
+    return ring_figure(ranks.value, min(step.value, step.max))
 
 
-for w in (ranks, step):
-    w.observe(redraw, names="value")
-redraw()
+# live_output draws ring_view() now and again whenever a slider moves
+ring_out = live_output(ring_view, (ranks, step))
 display(W.VBox([W.HBox([ranks, step]), ring_out]))
 
 # %% [markdown]
@@ -122,24 +119,19 @@ sizes = [2 ** k for k in range(10, 31)]
 n_pick = W.IntSlider(value=8, min=2, max=64, description="ranks")
 alpha_us = W.FloatLogSlider(value=5, base=10, min=-1, max=2, description="α (µs)")
 beta_gbs = W.FloatLogSlider(value=400, base=10, min=0, max=3, description="β (GB/s)")
-model_out = W.Output()
 
 
-def model(change=None):
+def model():
     a, b, n = alpha_us.value * 1e-6, beta_gbs.value * 1e9, n_pick.value
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=sizes, y=[ring_time(S, n, a, b) * 1e6 for S in sizes], name="ring"))
     fig.add_trace(go.Scatter(x=sizes, y=[tree_time(S, n, a, b) * 1e6 for S in sizes], name="tree"))
     fig.update_layout(title=f"all-reduce time, {n} ranks", xaxis=dict(type="log", title="bytes"),
                       yaxis=dict(type="log", title="µs"), height=380)
-    model_out.clear_output(wait=True)
-    with model_out:
-        display(fig)
+    return fig
 
 
-for w in (n_pick, alpha_us, beta_gbs):
-    w.observe(model, names="value")
-model()
+model_out = live_output(model, (n_pick, alpha_us, beta_gbs))
 display(W.VBox([W.HBox([n_pick, alpha_us, beta_gbs]), model_out]))
 
 # %% [markdown]

@@ -81,24 +81,26 @@ def cmd_summary(args) -> int:
     return 0
 
 
+def _write_from_run(write, args, note: str = "") -> int:
+    """Load the run in ``args.run_dir``, write ``write(run, args.output)`` and say where."""
+    run = _load([args.run_dir])
+    out = write(run, args.output)
+    print(f"wrote {out}{note}")
+    return 0
+
+
 @_guard
 def cmd_report(args) -> int:
     """Write the HTML report."""
     from .report import write_report
-    run = _load([args.run_dir])
-    out = write_report(run, args.output)
-    print(f"wrote {out}")
-    return 0
+    return _write_from_run(write_report, args)
 
 
 @_guard
 def cmd_merge(args) -> int:
     """Write the merged multi-rank trace."""
     from .merge import merge
-    run = _load([args.run_dir])
-    out = merge(run, args.output)
-    print(f"wrote {out} (open it in https://ui.perfetto.dev)")
-    return 0
+    return _write_from_run(merge, args, note=" (open it in https://ui.perfetto.dev)")
 
 
 def register(subparsers) -> argparse.ArgumentParser:

@@ -14,6 +14,9 @@ are drawn: a thread with no compute, communication, memory-copy, wait or
 late-peer span (gloo's ``pt_gloo_runloop`` threads on the simulated link, whose
 spans are the real transfer underneath the modelled one) gets no row.
 
+The explorer redraws through :func:`live_output` (an output area redrawn when
+a control changes), which the lessons use for their own interactive figures.
+
 Drawing many spans
 ------------------
 A plotly "shape" per span becomes unusable after a few thousand.  Small
@@ -29,6 +32,8 @@ the minimum font size, so narrow bars stay clean.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -51,6 +56,23 @@ def _top_level(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     e = ends[order]
     prev_max = np.concatenate([[-np.inf], np.maximum.accumulate(e)[:-1]])
     return order[starts[order] >= prev_max]
+
+
+@dataclass
+class _Spans:
+    """The spans of one kind of time, gathered row by row before they are drawn."""
+    starts: list = field(default_factory=list)   # arrays of start times (µs)
+    ends: list = field(default_factory=list)     # arrays of end times
+    rows: list = field(default_factory=list)     # arrays of row numbers
+    hover: list = field(default_factory=list)    # one hover text per span
+    labels: list = field(default_factory=list)   # one bar label per span
+
+    def add(self, row: int, starts: np.ndarray, ends: np.ndarray, hover, labels) -> None:
+        self.starts.append(starts)
+        self.ends.append(ends)
+        self.rows.append(np.full(starts.size, row))
+        self.hover.extend(hover)
+        self.labels.extend(labels)
 
 
 def _window(t: Trace, step) -> tuple[float, float]:
@@ -79,14 +101,8 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
     windows = {id(t): _window(t, step) for t in chosen}
     zero = min(t.origin_us + windows[id(t)][0] for t in chosen)
     rows: list[str] = []
-    # per kind of time: starts, ends, rows (arrays), hover texts, labels (lists)
-    seg: dict[str, list] = {k: [[], [], [], [], []] for k in ("compute", "communication", "memcpy",
-                                                                "wait", "late peer", "exposed")}
-
-    def add(kind, row, s, e, hover, labels):
-        lst = seg[kind]
-        lst[0].append(s), lst[1].append(e), lst[2].append(np.full(s.size, row))
-        lst[3].extend(hover), lst[4].extend(labels)
+    spans = {kind: _Spans() for kind in ("compute", "communication", "memcpy", "wait",
+                                         "late peer", "exposed")}
 
     for t in chosen:
         kinds = classify(t)
@@ -111,8 +127,9 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
                 if k.size == 0:
                     continue
                 ks = k.tolist()
-                add(KINDS[code], row, t.ts[k] + shift, t.end[k] + shift,
-                    [_hover(t, i, code, thread) for i in ks], [_label(t, i, code) for i in ks])
+                spans[KINDS[code]].add(row, t.ts[k] + shift, t.end[k] + shift,
+                                       [_hover(t, i, code, thread) for i in ks],
+                                       [_label(t, i, code) for i in ks])
         m = analyse(t, step=step)
         if m.comm_us > 0:
             comm = iv.union(t.ts[sel & (kinds == COMM)], t.end[sel & (kinds == COMM)])
@@ -120,17 +137,18 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
             if exp[0].size:
                 row = len(rows)
                 rows.append(f"rank {t.rank} · exposed comm")
-                add("exposed", row, exp[0] + shift, exp[1] + shift,
+                spans["exposed"].add(
+                    row, exp[0] + shift, exp[1] + shift,
                     [f"<b>exposed communication</b><br>{e - s:,.1f} µs<br>rank {t.rank}: "
                      "communicating, computing nothing" for s, e in zip(*exp)], [""] * exp[0].size)
 
-    total = sum(sum(a.size for a in v[0]) for v in seg.values())
+    total = sum(len(sp.hover) for sp in spans.values())
+    draw = _bars if total <= BAR_LIMIT else _webgl_lines
     fig = go.Figure()
-    for kind, (ss, es, ys, hover, labels) in seg.items():
-        if ss:
-            s, e, y = np.concatenate(ss), np.concatenate(es), np.concatenate(ys)
-            add_trace = _bars if total <= BAR_LIMIT else _webgl_lines
-            fig.add_trace(add_trace(go, kind, s, e, y, hover, labels))
+    for kind, sp in spans.items():
+        if sp.starts:
+            s, e, y = np.concatenate(sp.starts), np.concatenate(sp.ends), np.concatenate(sp.rows)
+            fig.add_trace(draw(go, kind, s, e, y, sp.hover, sp.labels))
     label = run.label()
     what = f"step {step}" if step is not None else "all steps"
     fig.update_layout(
@@ -235,7 +253,6 @@ def explorer(traces):
         import ipywidgets as W
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("explorer() needs ipywidgets: pip install ipywidgets") from exc
-    from IPython.display import display
 
     run = as_run(traces)
     steps = sorted({s.step for t in run.traces for s in step_metrics(t)})
@@ -244,19 +261,39 @@ def explorer(traces):
     span = max(float(t.end.max() - t.ts.min()) for t in run.traces)
     zoom = W.FloatRangeSlider(value=(0.0, span), min=0.0, max=span, step=span / 1000 or 1.0,
                               description="zoom µs", layout=W.Layout(width="90%"))
-    out, table = W.Output(), W.HTML()
+    table = W.HTML()
 
-    def redraw(_=None):
+    def draw():
         ranks = list(rank_pick.value) or run.ranks
         table.value = metrics_table_html(run, step=step_pick.value, ranks=ranks)
         lo, hi = zoom.value
-        fig = timeline_figure(run, ranks=ranks, step=step_pick.value,
-                              t0=lo if lo > 0 else None, t1=hi if hi < span else None)
+        return timeline_figure(run, ranks=ranks, step=step_pick.value,
+                               t0=lo if lo > 0 else None, t1=hi if hi < span else None)
+
+    out = live_output(draw, (rank_pick, step_pick, zoom))
+    return W.VBox([W.HBox([rank_pick, step_pick]), zoom, table, out])
+
+
+def live_output(draw, controls):
+    """A notebook output area that shows ``draw()`` and draws it again whenever
+    one of the ``controls`` (ipywidgets: sliders, pickers) changes value.
+
+    ``draw`` takes no argument and returns what to display (a plotly figure);
+    it reads the controls' ``.value`` itself.  Returns the ``ipywidgets.Output``
+    to place in a layout, e.g. ``W.VBox([W.HBox(controls), out])``.
+    """
+    import ipywidgets as W
+    from IPython.display import display
+
+    out = W.Output()
+
+    def redraw(_change=None):
+        shown = draw()
         out.clear_output(wait=True)
         with out:
-            display(fig)
+            display(shown)
 
-    for w in (rank_pick, step_pick, zoom):
-        w.observe(redraw, names="value")
+    for control in controls:
+        control.observe(redraw, names="value")
     redraw()
-    return W.VBox([W.HBox([rank_pick, step_pick]), zoom, table, out])
+    return out
