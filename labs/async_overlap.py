@@ -1,6 +1,12 @@
 # Generated from solutions/async_overlap.py by `workbook assign`: this is your file to edit.
 # Replace each `raise NotImplementedError` with your code, then grade it with
 #     workbook grade --lab async_overlap
+#
+# Your tasks (10 pts in all):
+#   1. overlapped_all_reduce (5 pts): Sum `tensor` over every rank, in place, while `compute()`
+#      runs; return what `compute()` returned.
+#   2. pipelined_all_reduce (5 pts): Return `[sum over ranks of layer(x) for x in chunks]`, with
+#      chunk k's all-reduce overlapping the computation of `layer` on chunk k+1.
 """Lab `async_overlap`: start a collective, keep computing, and wait only when you need the answer.
 
 A synchronous ``dist.all_reduce(t)`` returns once ``t`` holds the sum over all ranks: the rank
@@ -41,7 +47,7 @@ def overlapped_all_reduce(tensor: torch.Tensor, compute):
     ``compute`` is independent of ``tensor``: call it exactly once, after the all-reduce has
     started and before you wait for it. When this function returns, ``tensor`` must hold the sum
     (so the wait must have happened)."""
-    # TODO: start the all-reduce (async_op=True), call compute(), then wait
+    # TODO: what makes dist.all_reduce return a handle at once? where must compute() run?
     raise NotImplementedError("not implemented yet: async_overlap.overlapped_all_reduce")
     return result
 
@@ -56,7 +62,8 @@ def pipelined_all_reduce(chunks: list[torch.Tensor], layer) -> list[torch.Tensor
     start must be waited on exactly where its result is needed: not earlier (no overlap), not
     never (the numbers may not be there)."""
     outputs: list[torch.Tensor] = []
-    # TODO: keep the last chunk's work; wait it after starting the next one's
+    # TODO: keep one handle in flight: after which compute may you wait on it? which one is left at
+    #       the end?
     raise NotImplementedError("not implemented yet: async_overlap.pipelined_all_reduce")
     return outputs
 

@@ -1,6 +1,30 @@
 # Generated from solutions/collectives.py by `workbook assign`: this is your file to edit.
 # Replace each `raise NotImplementedError` with your code, then grade it with
 #     workbook grade --lab collectives
+#
+# Your tasks (38 pts in all):
+#    1. use_builtins (2 pts): Call each built-in once; return what this rank holds afterwards (as
+#       lists).
+#    2. broadcast (4 pts): Naive broadcast: the root sends its tensor to each of the n-1 others
+#       (n-1 rounds).
+#    3. tree_broadcast (5 pts): Binomial-tree broadcast: in round k every holder v < 2^k sends to
+#       v + 2^k.
+#    4. reduce (4 pts): Naive reduce: every rank sends to the root, which combines n-1 messages in
+#       turn.
+#    5. tree_reduce (5 pts): Binomial-tree reduce, the broadcast tree run backwards: ceil(log2 n)
+#       rounds.
+#    6. all_reduce (3 pts): All-reduce as tree_reduce to rank 0 followed by tree_broadcast from
+#       rank 0 (2 L rounds).
+#    7. gather (3 pts): The root receives rank p's tensor into `gather_list[p]` (its own is
+#       copied).
+#    8. scatter (3 pts): The root sends `scatter_list[p]` to rank p, which receives it into
+#       `tensor`.
+#    9. all_gather (3 pts): Every rank ends with every chunk: `chunk_views(output, n)[p]` = rank
+#       p's `input`.
+#   10. reduce_scatter (3 pts): Rank r ends with chunk r of the reduction of every rank's `input`
+#       (K elements).
+#   11. barrier (3 pts): Dissemination barrier: in round k rank r tells r + 2^k and hears from
+#       r - 2^k.
 """Lab 1 — collectives: first use the eight built-ins, then rebuild each from point-to-point.
 
 A collective is a pattern of messages that every rank of a group takes part in. Here the
@@ -36,7 +60,8 @@ at, comparable across n. ``workbook bench`` prints both for these builds.
 Conventions of the builds
 -------------------------
 * Tensors are changed in place, as in torch.distributed; each build also returns its result.
-* ``op`` is ``dist.ReduceOp.SUM``, ``MAX`` or ``MIN`` (``combine`` below applies it).
+* ``op`` is ``dist.ReduceOp.SUM``, ``MAX`` or ``MIN``; ``combine(acc, other, op)`` (given, from
+  ``workbook.reduce_ops``) applies it in place: ``acc <- acc (op) other``.
 * Chunks: ``all_gather`` and ``reduce_scatter`` view a flat buffer of K elements as
   ``torch.tensor_split(buffer, n)``: the first K % n chunks have one element more than the
   others (K = 10, n = 4 gives 3, 3, 2, 2). Rank r owns chunk r. That is the rule of
@@ -52,21 +77,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-SUM, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN
+from workbook.reduce_ops import MAX, SUM, combine   # given: see the conventions above
 
 
 # --------------------------------------------------------------------------- helpers (given)
-def combine(acc: torch.Tensor, other: torch.Tensor, op=SUM) -> torch.Tensor:
-    """``acc <- acc (op) other`` elementwise, in place."""
-    if op == SUM:
-        return acc.add_(other)
-    if op == MAX:
-        return torch.maximum(acc, other, out=acc)
-    if op == MIN:
-        return torch.minimum(acc, other, out=acc)
-    raise ValueError(f"unsupported reduce op {op}: use dist.ReduceOp.SUM, MAX or MIN")
-
-
 def chunk_views(buffer: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
     """The n chunks of a contiguous buffer, as views: ``torch.tensor_split`` of its flat form."""
     return torch.tensor_split(buffer.view(-1), n)
@@ -119,7 +133,8 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     """
     rank, n = dist.get_rank(), dist.get_world_size()
     v = (rank - src) % n                                  # my position in the tree, root = 0
-    # TODO: for mask = 1, 2, 4, ...: v < mask sends to v+mask; v < 2*mask receives
+    # TODO: rounds with a doubling mask; in each, v says: send (if the partner exists), receive or
+    #       sit out
     raise NotImplementedError("not implemented yet: collectives.tree_broadcast")
     return tensor
 

@@ -1,37 +1,33 @@
 # Generated from solutions/overlap_math.py by `workbook assign`: this is your file to edit.
 # Replace each `raise NotImplementedError` with your code, then grade it with
 #     workbook grade --lab overlap_math
+#
+# Your tasks (10 pts in all):
+#   1. linear_flops (1 pt): Forward FLOPs of y = x W^T for x [tokens, d_in], W [d_out, d_in].
+#   2. layer_params (1 pt): Weights of one layer (matrices only): attention 4h^2; MLP 2hf (gpt) or
+#      3hf (llama).
+#   3. layer_forward_flops (1 pt): Forward FLOPs of one layer: every linear layer, plus attention's
+#      QK^T and AV.
+#   4. collective_time (5 pts): Alpha-beta time of one collective on `n` ranks (nccl-tests size and
+#      bus factor).
+#   5. tp_layer (0.5 pts): Forward pass of one Megatron TP layer: 2 all-reduces of b*s*h vs the
+#      layer's compute / tp.
+#   6. dp_layer (0.5 pts): Backward pass of one layer under DP: its gradient all-reduce vs its
+#      backward compute.
+#   7. zero3_layer (0.5 pts): Forward + backward of one ZeRO-3 layer: all-gather, all-gather,
+#      reduce-scatter of params.
+#   8. pp_stage (0.5 pts): Forward of one micro-batch: the activation send vs the next stage's
+#      compute.
 """Lab `overlap_math`: predict, before running anything, whether communication can hide.
 
-Overlap only helps if there is enough independent compute to hide behind. This lab turns that
-into arithmetic you can do on paper for one transformer layer and each kind of parallelism, then
-checks the arithmetic against traces measured on the simulated link.
+Lesson 7 derives the arithmetic for one transformer layer. Compute: a linear layer y = x W^T on
+``tokens`` rows costs 2 * tokens * d_in * d_out FLOPs forward, backward twice that; causal attention
+adds 2 * 2 * batch * seq^2 * hidden; time = FLOPs / FLOP/s. Communication: the alpha-beta model
+with nccl-tests' bus factors (``workbook/link.py``), t = latency + bytes * bus_factor / bandwidth.
+A ratio comm / compute below 1 means the communication *can* hide (if the schedule lets it); above
+1 no schedule can. The grader checks your numbers and then measures one step on the simulated link.
 
-Compute. A linear layer y = x W^T with x of shape [tokens, d_in] and W of shape [d_out, d_in]
-costs 2 * tokens * d_in * d_out FLOPs forward (one multiply and one add per weight per token);
-the backward pass costs twice that (gradient for the input and for the weight). Causal attention
-adds the scores QK^T and the weighted sum AV: 2 * 2 * batch * seq^2 * hidden FLOPs forward.
-Time is FLOPs / (FLOP/s of the device).
-
-Communication. The alpha-beta model with nccl-tests' bus factors (see workbook/link.py):
-t = latency + size_bytes * bus_factor / bandwidth, where the bus factor is 2(n-1)/n for an
-all-reduce, (n-1)/n for all-gather and reduce-scatter (size = the full, gathered buffer), 1 for
-a point-to-point send.
-
-Per layer (h hidden, f ffn hidden, b batch, s sequence, e bytes per element):
-* DP: after the backward pass every gradient is all-reduced: size = params * e;
-* ZeRO-3: forward all-gathers the layer's parameters, backward all-gathers them again and
-  reduce-scatters the gradients: 3 collectives of params * e;
-* TP (Megatron): 2 all-reduces of b*s*h*e forward (after attention and after the MLP), 2 backward;
-  compute per rank is the layer's compute / tp;
-* PP: one send of the activations b*s*h*e per micro-batch to the next stage, hidden behind the
-  compute of the next micro-batch on that stage.
-
-A ratio comm / compute below 1 means the communication *can* hide (if the schedule lets it);
-above 1, no schedule can: the step takes at least the communication time.
-
-Run it: ``workbook run overlap_math`` (the grader's checks, then a table of your predictions),
-``python labs/overlap_math.py`` or ``torchrun --nproc_per_node=2 labs/overlap_math.py``.
+Run it: ``workbook run overlap_math`` or ``torchrun --nproc_per_node=2 labs/overlap_math.py``.
 """
 from __future__ import annotations
 
@@ -88,19 +84,19 @@ def simulated_hardware(sim: link_model.Link) -> Hardware:
 # ----------------------------------------------------------------------------- compute
 def linear_flops(tokens: int, d_in: int, d_out: int) -> float:
     """Forward FLOPs of y = x W^T for x [tokens, d_in], W [d_out, d_in]."""
-    # TODO: one multiply and one add per weight per token
+    # TODO: count the weights, then what each token does with each of them
     raise NotImplementedError("not implemented yet: overlap_math.linear_flops")
 
 
 def layer_params(layer: Layer) -> int:
     """Weights of one layer (matrices only): attention 4h^2; MLP 2hf (gpt) or 3hf (llama)."""
-    # TODO: q, k, v, o are h x h; the MLP has 2 (gpt) or 3 (llama) h x f matrices
+    # TODO: list the matrices and their shapes; layer.style picks the MLP
     raise NotImplementedError("not implemented yet: overlap_math.layer_params")
 
 
 def layer_forward_flops(layer: Layer) -> float:
     """Forward FLOPs of one layer: every linear layer, plus attention's QK^T and AV."""
-    # TODO: linear_flops for every weight, plus 2 * 2 * b * s^2 * h for attention
+    # TODO: each weight matrix is a linear layer over all b*s tokens; then add QK^T and AV
     raise NotImplementedError("not implemented yet: overlap_math.layer_forward_flops")
 
 
@@ -111,53 +107,33 @@ def compute_time(flops: float, hw: Hardware) -> float:
 # ----------------------------------------------------------------------------- communication
 def collective_time(op: str, size_bytes: float, n: int, hw: Hardware) -> float:
     """Alpha-beta time of one collective on ``n`` ranks (nccl-tests size and bus factor)."""
-    # TODO: latency + size * bus_factor / bandwidth; nothing to do alone
+    # TODO: the alpha-beta model above, with link_model.bus_factor; and a rank alone?
     raise NotImplementedError("not implemented yet: overlap_math.collective_time")
 
 
 # ----------------------------------------------------------------------------- per parallelism
 def tp_layer(layer: Layer, tp: int, hw: Hardware) -> Prediction:
     """Forward pass of one Megatron TP layer: 2 all-reduces of b*s*h vs the layer's compute / tp."""
+    # TODO: size the activations from the layer; each rank computes a tp-th of it
     raise NotImplementedError("not implemented yet: overlap_math.tp_layer")
 
 
 def dp_layer(layer: Layer, dp: int, hw: Hardware) -> Prediction:
     """Backward pass of one layer under DP: its gradient all-reduce vs its backward compute."""
+    # TODO: every weight's gradient is all-reduced; backward costs twice forward
     raise NotImplementedError("not implemented yet: overlap_math.dp_layer")
 
 
 def zero3_layer(layer: Layer, dp: int, hw: Hardware) -> Prediction:
     """Forward + backward of one ZeRO-3 layer: all-gather, all-gather, reduce-scatter of params."""
+    # TODO: three collectives of the parameters' bytes vs forward + backward
     raise NotImplementedError("not implemented yet: overlap_math.zero3_layer")
 
 
 def pp_stage(layer: Layer, layers_per_stage: int, hw: Hardware) -> Prediction:
     """Forward of one micro-batch: the activation send vs the next stage's compute."""
+    # TODO: one send of the activations vs the next stage's layers
     raise NotImplementedError("not implemented yet: overlap_math.pp_stage")
-
-
-# ----------------------------------------------------------------------------- a measured step
-def measure_tp_like_step(hidden: int = 256, tokens: int = 512):
-    """On a rank: one forward of a column->row MLP pair with its all-reduce, on the current link.
-
-    Returns what the link charged and what the matmuls took, for comparison with predictions."""
-    import time
-
-    import torch
-    import torch.distributed as dist
-    from workbook import link
-    n = dist.get_world_size()
-    x = torch.randn(tokens, hidden)
-    w1 = torch.randn(4 * hidden // n, hidden) / hidden ** 0.5
-    w2 = torch.randn(hidden, 4 * hidden // n) / hidden ** 0.5
-    t0 = time.perf_counter()
-    y = (x @ w1.T).relu() @ w2.T                        # [tokens, hidden], partial sums
-    compute = time.perf_counter() - t0
-    dist.all_reduce(y)
-    record = link.op_log()[-1] if link.op_log() else None
-    return {"compute_s": compute, "flops": 2.0 * tokens * hidden * 8 * hidden / n,
-            "modelled_s": record.modelled_ns / 1e9 if record else 0.0,
-            "bytes": y.numel() * y.element_size(), "world": n}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,22 @@
 # Generated from solutions/ring_allreduce.py by `workbook assign`: this is your file to edit.
 # Replace each `raise NotImplementedError` with your code, then grade it with
 #     workbook grade --lab ring_allreduce
+#
+# Your tasks (18 pts in all):
+#   1. ring_reduce_scatter (4 pts): Phase 1 on `chunks` (n views of the tensor, changed in place);
+#      return the index of the chunk this rank now holds fully reduced, (rank + 1) % n.
+#   2. ring_all_gather (3 pts): Phase 2: starting from chunk (rank + 1) % n, pass the finished
+#      chunks around the ring so that every rank ends with all n.
+#   3. ring_all_reduce (8 pts): All-reduce `tensor` in place (any shape, any number of elements);
+#      return it.
+#   4. naive_time (0.75 pts): Seconds for reduce-to-root then broadcast-from-root, the root
+#      handling one message at a time: 2(n-1) messages of the whole tensor.
+#   5. tree_time (0.75 pts): Seconds for a binomial tree reduce plus tree broadcast: 2 ceil(log2 n)
+#      rounds of the whole tensor.
+#   6. ring_time (0.75 pts): Seconds for the ring: 2(n-1) steps, each moving one chunk of
+#      size_bytes / n.
+#   7. crossover_bytes (0.75 pts): The size above which the ring beats the tree (0: always; inf:
+#      never).
 """Lab 2 — ring all-reduce: reduce-scatter around a ring, then all-gather around it.
 
 The ranks stand in a circle; rank r only ever sends to its right neighbour r+1 and receives
@@ -43,21 +59,10 @@ import math
 import torch
 import torch.distributed as dist
 
-SUM, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN
+from workbook.reduce_ops import SUM, combine   # given: combine(acc, other, op): acc <- acc (op) other
 
 
 # --------------------------------------------------------------------------- helpers (given)
-def combine(acc: torch.Tensor, other: torch.Tensor, op=SUM) -> torch.Tensor:
-    """``acc <- acc (op) other`` elementwise, in place."""
-    if op == SUM:
-        return acc.add_(other)
-    if op == MAX:
-        return torch.maximum(acc, other, out=acc)
-    if op == MIN:
-        return torch.minimum(acc, other, out=acc)
-    raise ValueError(f"unsupported reduce op {op}: use dist.ReduceOp.SUM, MAX or MIN")
-
-
 def neighbours() -> tuple[int, int]:
     """``(left, right)``: the rank this one receives from and the rank it sends to."""
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -74,7 +79,8 @@ def ring_reduce_scatter(chunks, op=SUM) -> int:
     then combine it into the chunk it belongs to."""
     rank, n = dist.get_rank(), dist.get_world_size()
     left, right = neighbours()
-    # TODO: step s sends chunk (rank - s) % n, receives and combines (rank - s - 1) % n
+    # TODO: what moves in step 0 (you send, your left sends you), and how do both indices shift per
+    #       step?
     raise NotImplementedError("not implemented yet: ring_allreduce.ring_reduce_scatter")
 
 
@@ -84,14 +90,16 @@ def ring_all_gather(chunks) -> None:
     chunk views (the tensor itself), no scratch buffer needed."""
     rank, n = dist.get_rank(), dist.get_world_size()
     left, right = neighbours()
-    # TODO: step s sends chunk (rank + 1 - s) % n and receives chunk (rank - s) % n
+    # TODO: send the finished chunk you hold, receive the one your left held; how do both shift per
+    #       step?
     raise NotImplementedError("not implemented yet: ring_allreduce.ring_all_gather")
 
 
 def ring_all_reduce(tensor: torch.Tensor, op=SUM) -> torch.Tensor:
     """All-reduce ``tensor`` in place (any shape, any number of elements); return it."""
     n = dist.get_world_size()
-    # TODO: flat contiguous view, tensor_split into n chunks, phase 1, phase 2
+    # TODO: chunk a flat view as the lab docstring says, run both phases; mind n == 1 and
+    #       non-contiguous input
     raise NotImplementedError("not implemented yet: ring_allreduce.ring_all_reduce")
     return tensor
 
@@ -100,23 +108,26 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM) -> torch.Tensor:
 def naive_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
     """Seconds for reduce-to-root then broadcast-from-root, the root handling one message at
     a time: 2(n-1) messages of the whole tensor."""
+    # TODO: count the messages; each pays the latency plus its bytes' time on the link
     raise NotImplementedError("not implemented yet: ring_allreduce.naive_time")
 
 
 def tree_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
     """Seconds for a binomial tree reduce plus tree broadcast: 2 ceil(log2 n) rounds of the
     whole tensor."""
+    # TODO: as naive_time, but count rounds; how many does one rank alone need?
     raise NotImplementedError("not implemented yet: ring_allreduce.tree_time")
 
 
 def ring_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
     """Seconds for the ring: 2(n-1) steps, each moving one chunk of size_bytes / n."""
+    # TODO: one message per step; how many bytes does each carry?
     raise NotImplementedError("not implemented yet: ring_allreduce.ring_time")
 
 
 def crossover_bytes(n: int, alpha: float, beta: float) -> float:
     """The size above which the ring beats the tree (0: always; inf: never)."""
-    # TODO: set ring_time == tree_time and solve for the size
+    # TODO: solve ring_time == tree_time for the size; when does the ring always or never win?
     raise NotImplementedError("not implemented yet: ring_allreduce.crossover_bytes")
 
 

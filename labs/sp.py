@@ -2,38 +2,38 @@
 # Replace each `raise NotImplementedError` with your code, then grade it with
 #     workbook grade --lab sp
 #
-# Your tasks:
-#    1. all_gather_sequence: `[B, S/n, ...] -> [B, S, ...]`: every rank's positions in rank order,
-#       with one `dist.all_gather_into_tensor` (it joins along dim 0).
-#    2. reduce_scatter_sequence: `[B, S, ...] -> [B, S/n, ...]`: the sum over ranks, this rank's
-#       positions only (one `dist.reduce_scatter_tensor` on the sequence-first layout).
-#    3. gather_from_sequence_parallel_region: Enter a parallel region from sequence shards:
-#       all-gather forward; reduce-scatter backward (each rank's gradient of the gathered input is
-#       a partial sum over its column slice).
-#    4. reduce_scatter_to_sequence_parallel_region: Leave a parallel region to sequence shards:
-#       reduce-scatter forward, all-gather backward.
-#    5. SPColumnParallelLinear.forward: Column-parallel linear (`weight [out/n, in]`): sequence
-#       shards `[B, S/n, in]` in, all-gathered (unless `gather_input=False`: the caller gathered
-#       once, as for q, k, v), `[B, S, out/n]` out.
-#    6. SPRowParallelLinear.__init__ and .forward: Row-parallel linear (`weight [out, in/n]`):
-#       `[B, S, in/n]` in, partial products reduce-scattered to `[B, S/n, out]`, plus the
-#       replicated bias -- added on a shard, so its gradient is partial.
-#    7. SPAttention.forward: `blocks.{layer}.attn` from sequence shards to sequence shards: one
-#       all-gather of the input for q, k, v; attention on heads/n heads over the whole sequence; wo
-#       reduce-scatters.
-#    8. SPMLP.forward: `blocks.{layer}.mlp` from sequence shards to sequence shards.
-#    9. sp_norm: The reference norm `name`, its parameters tagged: it runs on this rank's positions
-#       only.
-#   10. SPBlock.dropout and .forward: Pre-norm block `blocks.{layer}` on sequence shards
+# Your tasks (29 pts in all):
+#    1. all_gather_sequence (0.75 pts): `[B, S/n, ...] -> [B, S, ...]`: every rank's positions in
+#       rank order, with one `dist.all_gather_into_tensor` (it joins along dim 0).
+#    2. reduce_scatter_sequence (0.75 pts): `[B, S, ...] -> [B, S/n, ...]`: the sum over ranks,
+#       this rank's positions only (one `dist.reduce_scatter_tensor` on the sequence-first layout).
+#    3. gather_from_sequence_parallel_region (0.75 pts): Enter a parallel region from sequence
+#       shards: all-gather forward; reduce-scatter backward (each rank's gradient of the gathered
+#       input is a partial sum over its column slice).
+#    4. reduce_scatter_to_sequence_parallel_region (0.75 pts): Leave a parallel region to sequence
+#       shards: reduce-scatter forward, all-gather backward.
+#    5. SPColumnParallelLinear.forward (1 pt): Column-parallel linear (`weight [out/n, in]`):
+#       sequence shards `[B, S/n, in]` in, all-gathered (unless `gather_input=False`: the caller
+#       gathered once, as for q, k, v), `[B, S, out/n]` out.
+#    6. SPRowParallelLinear.__init__ and .forward (1 pt): Row-parallel linear
+#       (`weight [out, in/n]`): `[B, S, in/n]` in, partial products reduce-scattered to
+#       `[B, S/n, out]`, plus the replicated bias -- added on a shard, so its gradient is partial.
+#    7. SPAttention.forward (3 pts): `blocks.{layer}.attn` from sequence shards to sequence shards:
+#       one all-gather of the input for q, k, v; attention on heads/n heads over the whole
+#       sequence; wo reduce-scatters.
+#    8. SPMLP.forward (3 pts): `blocks.{layer}.mlp` from sequence shards to sequence shards.
+#    9. sp_norm (1.5 pts): The reference norm `name`, its parameters tagged: it runs on this rank's
+#       positions only.
+#   10. SPBlock.dropout and .forward (7.5 pts): Pre-norm block `blocks.{layer}` on sequence shards
 #       `[B, S/n, H] -> [B, S/n, H]`: norms, dropouts and residual adds on this rank's positions,
 #       SPAttention and SPMLP between.
-#   11. SPEmbedding.forward: `embed` ending in sequence shards: one reduce-scatter sums the ranks'
-#       partial lookups *and* shards them; then positions `pos.weight[s0:s1]` are added (gpt; their
-#       gradient is partial).
-#   12. SPModel.__init__ and .forward: SPEmbedding, SPBlocks, the final norm on shards, the
+#   11. SPEmbedding.forward (2 pts): `embed` ending in sequence shards: one reduce-scatter sums the
+#       ranks' partial lookups *and* shards them; then positions `pos.weight[s0:s1]` are added
+#       (gpt; their gradient is partial).
+#   12. SPModel.__init__ and .forward (3 pts): SPEmbedding, SPBlocks, the final norm on shards, the
 #       vocab-parallel head (its input all-gathered) and loss.
-#   13. sync_sequence_parallel_grads: After backward, sum over the ranks the gradients of the
-#       parameters tagged sequence-parallel (one all-reduce of them all, flattened).
+#   13. sync_sequence_parallel_grads (4 pts): After backward, sum over the ranks the gradients of
+#       the parameters tagged sequence-parallel (one all-reduce of them all, flattened).
 """Lab 5 -- sequence parallelism (Korthikanti et al. 2022, arXiv 2205.05198 sec. 4.2.2).
 
 Lesson 5 explains it: the norms, dropouts and residual adds between lab 4's parallel regions run on

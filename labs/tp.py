@@ -2,36 +2,36 @@
 # Replace each `raise NotImplementedError` with your code, then grade it with
 #     workbook grade --lab tp
 #
-# Your tasks:
-#    1. _CopyToTensorParallelRegion.backward: f: identity forward; all-reduce backward (each rank's
-#       dL/dx covers only its column slice).
-#    2. _ReduceFromTensorParallelRegion.forward: g: all-reduce forward (sum the partial outputs);
-#       identity backward (dL/dy is replicated).
-#    3. scatter_to_tensor_parallel_region: Keep this rank's slice of the last dim; backward
-#       all-gathers the slices' gradients.
-#    4. gather_from_tensor_parallel_region: All-gather along the last dim (forward); keep this
-#       rank's slice of the gradient (backward): the mirror image of scatter.
-#    5. ColumnParallelLinear.__init__ and .forward: y = x W^T + b, W `[out, in]` split by rows:
-#       rank r computes output features `r*out/n : (r+1)*out/n`.
-#    6. RowParallelLinear.__init__ and .forward: y = x W^T + b, W `[out, in]` split by columns:
-#       rank r multiplies input features `r*in/n : (r+1)*in/n`, g sums the partial products, then
-#       the replicated bias is added once (before g it would count n times).
-#    7. TPMLP.__init__ and .forward: `blocks.{layer}.mlp` over n ranks, one f at the input and one
-#       g at the output.
-#    8. TPAttention.__init__ and .forward: Causal self-attention of `blocks.{layer}` on heads/n
-#       heads per rank: wq, wk, wv column-parallel (their output features are whole heads), wo
-#       row-parallel.
-#    9. TPBlock.__init__ and .forward: Pre-norm block `blocks.{layer}`: TPAttention and TPMLP
-#       between replicated norms, dropouts and residual adds (every rank does them on the whole,
-#       identical activation).
-#   10. VocabParallelEmbedding.forward: `embed`: token rows split by vocab (V/n per rank) and
-#       replicated positions (gpt).
-#   11. vocab_parallel_cross_entropy: Mean over tokens of `log sum_v exp(z_v - m) - (z_target - m)`
-#       from this rank's logits `[B, S, V/n]`, m the max over the whole vocabulary: one all-reduce
-#       (MAX) for m, one g each for the sum of exponentials and the target logit (one rank holds
-#       it).
-#   12. TPModel.__init__ and .forward: `ReferenceModel` over n ranks, parameter names unchanged:
-#       vocab-parallel embedding, TP blocks, replicated final norm, vocab-parallel head
+# Your tasks (28 pts in all):
+#    1. _CopyToTensorParallelRegion.backward (0.75 pts): f: identity forward; all-reduce backward
+#       (each rank's dL/dx covers only its column slice).
+#    2. _ReduceFromTensorParallelRegion.forward (0.75 pts): g: all-reduce forward (sum the partial
+#       outputs); identity backward (dL/dy is replicated).
+#    3. scatter_to_tensor_parallel_region (0.75 pts): Keep this rank's slice of the last dim;
+#       backward all-gathers the slices' gradients.
+#    4. gather_from_tensor_parallel_region (0.75 pts): All-gather along the last dim (forward);
+#       keep this rank's slice of the gradient (backward): the mirror image of scatter.
+#    5. ColumnParallelLinear.__init__ and .forward (1.5 pts): y = x W^T + b, W `[out, in]` split by
+#       rows: rank r computes output features `r*out/n : (r+1)*out/n`.
+#    6. RowParallelLinear.__init__ and .forward (1.5 pts): y = x W^T + b, W `[out, in]` split by
+#       columns: rank r multiplies input features `r*in/n : (r+1)*in/n`, g sums the partial
+#       products, then the replicated bias is added once (before g it would count n times).
+#    7. TPMLP.__init__ and .forward (3 pts): `blocks.{layer}.mlp` over n ranks, one f at the input
+#       and one g at the output.
+#    8. TPAttention.__init__ and .forward (3 pts): Causal self-attention of `blocks.{layer}` on
+#       heads/n heads per rank: wq, wk, wv column-parallel (their output features are whole heads),
+#       wo row-parallel.
+#    9. TPBlock.__init__ and .forward (9 pts): Pre-norm block `blocks.{layer}`: TPAttention and
+#       TPMLP between replicated norms, dropouts and residual adds (every rank does them on the
+#       whole, identical activation).
+#   10. VocabParallelEmbedding.forward (1.33 pts): `embed`: token rows split by vocab (V/n per
+#       rank) and replicated positions (gpt).
+#   11. vocab_parallel_cross_entropy (2.33 pts): Mean over tokens of
+#       `log sum_v exp(z_v - m) - (z_target - m)` from this rank's logits `[B, S, V/n]`, m the max
+#       over the whole vocabulary: one all-reduce (MAX) for m, one g each for the sum of
+#       exponentials and the target logit (one rank holds it).
+#   12. TPModel.__init__ and .forward (3.33 pts): `ReferenceModel` over n ranks, parameter names
+#       unchanged: vocab-parallel embedding, TP blocks, replicated final norm, vocab-parallel head
 #       (column-parallel, no bias) and loss.
 """Lab 4 -- tensor parallelism (Megatron-LM, arXiv 1909.08053 sec. 3): split every matrix over n ranks.
 

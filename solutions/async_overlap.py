@@ -38,7 +38,7 @@ def overlapped_all_reduce(tensor: torch.Tensor, compute):
     ``compute`` is independent of ``tensor``: call it exactly once, after the all-reduce has
     started and before you wait for it. When this function returns, ``tensor`` must hold the sum
     (so the wait must have happened)."""
-    ### BEGIN SOLUTION hint: start the all-reduce (async_op=True), call compute(), then wait
+    ### BEGIN SOLUTION hint: what makes dist.all_reduce return a handle at once? where must compute() run?
     work = dist.all_reduce(tensor, async_op=True)
     result = compute()
     work.wait()
@@ -56,7 +56,7 @@ def pipelined_all_reduce(chunks: list[torch.Tensor], layer) -> list[torch.Tensor
     start must be waited on exactly where its result is needed: not earlier (no overlap), not
     never (the numbers may not be there)."""
     outputs: list[torch.Tensor] = []
-    ### BEGIN SOLUTION hint: keep the last chunk's work; wait it after starting the next one's
+    ### BEGIN SOLUTION hint: keep one handle in flight: after which compute may you wait on it? which one is left at the end?
     pending = None
     for x in chunks:
         y = layer(x)

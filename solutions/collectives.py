@@ -33,7 +33,8 @@ at, comparable across n. ``workbook bench`` prints both for these builds.
 Conventions of the builds
 -------------------------
 * Tensors are changed in place, as in torch.distributed; each build also returns its result.
-* ``op`` is ``dist.ReduceOp.SUM``, ``MAX`` or ``MIN`` (``combine`` below applies it).
+* ``op`` is ``dist.ReduceOp.SUM``, ``MAX`` or ``MIN``; ``combine(acc, other, op)`` (given, from
+  ``workbook.reduce_ops``) applies it in place: ``acc <- acc (op) other``.
 * Chunks: ``all_gather`` and ``reduce_scatter`` view a flat buffer of K elements as
   ``torch.tensor_split(buffer, n)``: the first K % n chunks have one element more than the
   others (K = 10, n = 4 gives 3, 3, 2, 2). Rank r owns chunk r. That is the rule of
@@ -49,21 +50,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-SUM, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN
+from workbook.reduce_ops import MAX, SUM, combine   # given: see the conventions above
 
 
 # --------------------------------------------------------------------------- helpers (given)
-def combine(acc: torch.Tensor, other: torch.Tensor, op=SUM) -> torch.Tensor:
-    """``acc <- acc (op) other`` elementwise, in place."""
-    if op == SUM:
-        return acc.add_(other)
-    if op == MAX:
-        return torch.maximum(acc, other, out=acc)
-    if op == MIN:
-        return torch.minimum(acc, other, out=acc)
-    raise ValueError(f"unsupported reduce op {op}: use dist.ReduceOp.SUM, MAX or MIN")
-
-
 def chunk_views(buffer: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
     """The n chunks of a contiguous buffer, as views: ``torch.tensor_split`` of its flat form."""
     return torch.tensor_split(buffer.view(-1), n)
@@ -146,7 +136,7 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     """
     rank, n = dist.get_rank(), dist.get_world_size()
     v = (rank - src) % n                                  # my position in the tree, root = 0
-    ### BEGIN SOLUTION hint: for mask = 1, 2, 4, ...: v < mask sends to v+mask; v < 2*mask receives
+    ### BEGIN SOLUTION hint: rounds with a doubling mask; in each, v says: send (if the partner exists), receive or sit out
     mask = 1
     while mask < n:
         if v < mask and v + mask < n:

@@ -40,21 +40,10 @@ import math
 import torch
 import torch.distributed as dist
 
-SUM, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN
+from workbook.reduce_ops import SUM, combine   # given: combine(acc, other, op): acc <- acc (op) other
 
 
 # --------------------------------------------------------------------------- helpers (given)
-def combine(acc: torch.Tensor, other: torch.Tensor, op=SUM) -> torch.Tensor:
-    """``acc <- acc (op) other`` elementwise, in place."""
-    if op == SUM:
-        return acc.add_(other)
-    if op == MAX:
-        return torch.maximum(acc, other, out=acc)
-    if op == MIN:
-        return torch.minimum(acc, other, out=acc)
-    raise ValueError(f"unsupported reduce op {op}: use dist.ReduceOp.SUM, MAX or MIN")
-
-
 def neighbours() -> tuple[int, int]:
     """``(left, right)``: the rank this one receives from and the rank it sends to."""
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -71,7 +60,7 @@ def ring_reduce_scatter(chunks, op=SUM) -> int:
     then combine it into the chunk it belongs to."""
     rank, n = dist.get_rank(), dist.get_world_size()
     left, right = neighbours()
-    ### BEGIN SOLUTION hint: step s sends chunk (rank - s) % n, receives and combines (rank - s - 1) % n
+    ### BEGIN SOLUTION hint: what moves in step 0 (you send, your left sends you), and how do both indices shift per step?
     scratch = torch.empty_like(chunks[0])                 # [ceil(K/n)], reused every step
     for step in range(n - 1):
         send_i, recv_i = (rank - step) % n, (rank - step - 1) % n
@@ -91,7 +80,7 @@ def ring_all_gather(chunks) -> None:
     chunk views (the tensor itself), no scratch buffer needed."""
     rank, n = dist.get_rank(), dist.get_world_size()
     left, right = neighbours()
-    ### BEGIN SOLUTION hint: step s sends chunk (rank + 1 - s) % n and receives chunk (rank - s) % n
+    ### BEGIN SOLUTION hint: send the finished chunk you hold, receive the one your left held; how do both shift per step?
     for step in range(n - 1):
         send_i, recv_i = (rank + 1 - step) % n, (rank - step) % n
         received = dist.irecv(chunks[recv_i], src=left)
@@ -104,7 +93,7 @@ def ring_all_gather(chunks) -> None:
 def ring_all_reduce(tensor: torch.Tensor, op=SUM) -> torch.Tensor:
     """All-reduce ``tensor`` in place (any shape, any number of elements); return it."""
     n = dist.get_world_size()
-    ### BEGIN SOLUTION hint: flat contiguous view, tensor_split into n chunks, phase 1, phase 2
+    ### BEGIN SOLUTION hint: chunk a flat view as the lab docstring says, run both phases; mind n == 1 and non-contiguous input
     if n == 1:
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
@@ -121,7 +110,7 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM) -> torch.Tensor:
 def naive_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
     """Seconds for reduce-to-root then broadcast-from-root, the root handling one message at
     a time: 2(n-1) messages of the whole tensor."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION hint: count the messages; each pays the latency plus its bytes' time on the link
     return 2 * (n - 1) * (alpha + size_bytes / beta)
     ### END SOLUTION
 
@@ -129,21 +118,21 @@ def naive_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
 def tree_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
     """Seconds for a binomial tree reduce plus tree broadcast: 2 ceil(log2 n) rounds of the
     whole tensor."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION hint: as naive_time, but count rounds; how many does one rank alone need?
     return 2 * math.ceil(math.log2(n)) * (alpha + size_bytes / beta) if n > 1 else 0.0
     ### END SOLUTION
 
 
 def ring_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
     """Seconds for the ring: 2(n-1) steps, each moving one chunk of size_bytes / n."""
-    ### BEGIN SOLUTION
+    ### BEGIN SOLUTION hint: one message per step; how many bytes does each carry?
     return 2 * (n - 1) * (alpha + size_bytes / (n * beta))
     ### END SOLUTION
 
 
 def crossover_bytes(n: int, alpha: float, beta: float) -> float:
     """The size above which the ring beats the tree (0: always; inf: never)."""
-    ### BEGIN SOLUTION hint: set ring_time == tree_time and solve for the size
+    ### BEGIN SOLUTION hint: solve ring_time == tree_time for the size; when does the ring always or never win?
     rounds = math.ceil(math.log2(n)) if n > 1 else 0
     extra_latency = (n - 1 - rounds) * alpha              # the ring's additional alpha terms
     saved_per_byte = (rounds - (n - 1) / n) / beta        # the ring's saving per byte

@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d    # every *Options class (dist lacks some)
 
 BACKEND_NAME = "gloo_link"
 ENV_LOCAL_FLOPS = "WORKBOOK_LOCAL_FLOPS"
@@ -287,69 +288,63 @@ class LinkedProcessGroup(dist.ProcessGroup):
             STATE.log.append(rec)
         return LinkWork(inner, rec)
 
+    def _collective(self, op: str, method: str, args: tuple, opts, options, size_bytes: int):
+        """gloo's ``method(*args, opts)`` (``opts`` defaulting to ``options()``), charged to the
+        link as ``op`` of ``size_bytes`` (nccl-tests' size: see the class docstring)."""
+        return self._charge(op, getattr(self._gloo, method)(*args, opts or options()), size_bytes)
+
     # -- collectives
     def allreduce(self, tensors, opts=None):
-        opts = opts or dist.AllreduceOptions()
-        return self._charge("all_reduce", self._gloo.allreduce(tensors, opts), _nbytes(tensors))
+        return self._collective("all_reduce", "allreduce", (tensors,), opts, c10d.AllreduceOptions,
+                                _nbytes(tensors))
 
     def broadcast(self, tensors, opts=None):
-        opts = opts or dist.BroadcastOptions()
-        return self._charge("broadcast", self._gloo.broadcast(tensors, opts), _nbytes(tensors))
+        return self._collective("broadcast", "broadcast", (tensors,), opts, c10d.BroadcastOptions,
+                                _nbytes(tensors))
 
     def reduce(self, tensors, opts=None):
-        opts = opts or dist.ReduceOptions()
-        return self._charge("reduce", self._gloo.reduce(tensors, opts), _nbytes(tensors))
+        return self._collective("reduce", "reduce", (tensors,), opts, c10d.ReduceOptions,
+                                _nbytes(tensors))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllgatherOptions()
-        return self._charge("all_gather", self._gloo.allgather(output_tensors, input_tensors, opts),
-                            _nbytes(output_tensors))
-
-    def all_gather_single(self, output, input, opts=None):      # torch >= 2.6 routes here
-        return self._allgather_base(output, input, opts)
+        return self._collective("all_gather", "allgather", (output_tensors, input_tensors), opts,
+                                c10d.AllgatherOptions, _nbytes(output_tensors))
 
     def _allgather_base(self, output, input, opts=None):
-        opts = opts or dist.AllgatherOptions()
-        return self._charge("all_gather", self._gloo._allgather_base(output, input, opts),
-                            _nbytes([output]))
+        return self._collective("all_gather", "_allgather_base", (output, input), opts,
+                                c10d.AllgatherOptions, _nbytes([output]))
+
+    all_gather_single = _allgather_base                          # torch >= 2.6 routes here
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.GatherOptions()
-        return self._charge("gather", self._gloo.gather(output_tensors, input_tensors, opts),
-                            _nbytes(input_tensors) * self.size())
+        return self._collective("gather", "gather", (output_tensors, input_tensors), opts,
+                                c10d.GatherOptions, _nbytes(input_tensors) * self.size())
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ScatterOptions()
-        return self._charge("scatter", self._gloo.scatter(output_tensors, input_tensors, opts),
-                            _nbytes(output_tensors) * self.size())
+        return self._collective("scatter", "scatter", (output_tensors, input_tensors), opts,
+                                c10d.ScatterOptions, _nbytes(output_tensors) * self.size())
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
-        return self._charge("reduce_scatter",
-                            self._gloo.reduce_scatter(output_tensors, input_tensors, opts),
-                            _nbytes(input_tensors))
-
-    def reduce_scatter_single(self, output, input, opts=None):  # torch >= 2.6 routes here
-        return self._reduce_scatter_base(output, input, opts)
+        return self._collective("reduce_scatter", "reduce_scatter", (output_tensors, input_tensors),
+                                opts, c10d.ReduceScatterOptions, _nbytes(input_tensors))
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
-        return self._charge("reduce_scatter", self._gloo._reduce_scatter_base(output, input, opts),
-                            _nbytes([input]))
+        return self._collective("reduce_scatter", "_reduce_scatter_base", (output, input), opts,
+                                c10d.ReduceScatterOptions, _nbytes([input]))
+
+    reduce_scatter_single = _reduce_scatter_base                 # torch >= 2.6 routes here
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        opts = opts or dist.AllToAllOptions()
-        return self._charge("all_to_all", self._gloo.alltoall_base(
-            output, input, output_split_sizes, input_split_sizes, opts), _nbytes([input]))
+        return self._collective("all_to_all", "alltoall_base",
+                                (output, input, output_split_sizes, input_split_sizes), opts,
+                                c10d.AllToAllOptions, _nbytes([input]))
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllToAllOptions()
-        return self._charge("all_to_all", self._gloo.alltoall(output_tensors, input_tensors, opts),
-                            _nbytes(input_tensors))
+        return self._collective("all_to_all", "alltoall", (output_tensors, input_tensors), opts,
+                                c10d.AllToAllOptions, _nbytes(input_tensors))
 
     def barrier(self, opts=None):
-        opts = opts or dist.BarrierOptions()
-        return self._charge("barrier", self._gloo.barrier(opts), 0)
+        return self._collective("barrier", "barrier", (), opts, c10d.BarrierOptions, 0)
 
     # -- point to point
     def send(self, tensors, dst, tag=0):

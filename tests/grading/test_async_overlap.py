@@ -20,6 +20,7 @@ import torch
 from workbook.grading.checks import assert_equal_on_rank
 from workbook.grading.engine import on_ranks, world_sizes
 from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
+from workbook.grading.trace_checks import assert_hidden, trace_root_fixture
 
 WORLD_SIZES = (1, 2, 3, 4)
 OVERLAP_RANKS = 2
@@ -376,38 +377,42 @@ def _check_overlap(exercise: str, tmp_root) -> None:
         if not graded or total <= 0:
             raise AssertionError(f"rank {rank}: {where}: no all-reduce on the link track of the "
                                  f"trace; call dist.all_reduce(..., async_op=True)")
-        pct = _hidden(graded)
-        if pct < THRESHOLD_PCT:
-            label = "the all-reduce" if exercise == "overlapped" else \
-                f"the all-reduces of chunks 0..{CHUNKS - 2}"
-            skew = sum(s["skew_us"] for s in graded)
-            raise AssertionError(
-                f"rank {rank}: {where}: {pct:.0f}% of {label} ({total / 1e3:.1f} ms of modelled "
-                f"transfer, not counting {skew / 1e3:.1f} ms while the other rank was late) was "
-                f"hidden behind compute, read from the trace; at least {THRESHOLD_PCT:.0f}% is "
-                f"expected. Look at the timeline: each link span should lie under compute")
+        skew = sum(s["skew_us"] for s in graded)
+        assert_hidden(
+            _hidden(graded), THRESHOLD_PCT, rank=rank, where=where,
+            what="the all-reduce" if exercise == "overlapped" else
+            f"the all-reduces of chunks 0..{CHUNKS - 2}",
+            details=f"{total / 1e3:.1f} ms of modelled transfer, not counting {skew / 1e3:.1f} ms "
+                    f"while the other rank was late",
+            advice="Look at the timeline: each link span should lie under compute")
 
 
-@pytest.fixture(scope="module")
-def trace_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("async_overlap_traces")
+trace_root = trace_root_fixture("async_overlap_traces")
 
 
-@pytest.mark.points(2)
-def test_overlapped_all_reduce_numbers():
-    _check_numbers("overlapped")
+def _exercise_tests(function: str, numbers_points: float, overlap_points: float):
+    """The two tests of one exercise, the lab's ``function``: ``test_<function>_numbers`` and
+    ``test_<function>_hides_communication``."""
+    exercise = function.removesuffix("_all_reduce")
+
+    @pytest.mark.points(numbers_points)
+    @pytest.mark.tasks(function)
+    def numbers():
+        """Right sums on 1 to 4 ranks, every handle waited on, compute/layer called as asked."""
+        _check_numbers(exercise)
+
+    @pytest.mark.points(overlap_points)
+    @pytest.mark.tasks(function)
+    def hides_communication(trace_root):
+        """The share of the graded all-reduces that the trace shows under compute."""
+        _check_overlap(exercise, trace_root)
+
+    for test in (numbers, hides_communication):
+        test.__name__ = test.__qualname__ = f"test_{function}_{test.__name__}"
+    return numbers, hides_communication
 
 
-@pytest.mark.points(3)
-def test_overlapped_all_reduce_hides_communication(trace_root):
-    _check_overlap("overlapped", trace_root)
-
-
-@pytest.mark.points(2)
-def test_pipelined_all_reduce_numbers():
-    _check_numbers("pipelined")
-
-
-@pytest.mark.points(3)
-def test_pipelined_all_reduce_hides_communication(trace_root):
-    _check_overlap("pipelined", trace_root)
+test_overlapped_all_reduce_numbers, test_overlapped_all_reduce_hides_communication = \
+    _exercise_tests("overlapped_all_reduce", 2, 3)
+test_pipelined_all_reduce_numbers, test_pipelined_all_reduce_hides_communication = \
+    _exercise_tests("pipelined_all_reduce", 2, 3)

@@ -212,6 +212,7 @@ def _check_pattern(name: str, *, rooted: str | None = None, tree: bool = False) 
 
 
 @pytest.mark.points(2)
+@pytest.mark.tasks("use_builtins")
 def test_use_builtins():
     for n in world_sizes(*WORLD_SIZES):
         root = n - 1
@@ -241,97 +242,43 @@ def test_use_builtins():
                                          f"; this part is about using each built-in once")
 
 
-@pytest.mark.points(2)
-def test_broadcast_matches_builtin():
-    _check_values("broadcast")
+def _build_test(check, build: str, points: float, **options):
+    """The test ``test_<build>_matches_builtin`` (``check`` is ``_check_values``: the build's
+    results equal the built-in's on every case) or ``test_<build>_pattern`` (``_check_pattern``:
+    its messages, graded only once the results are right) of one part-2 build."""
+    @pytest.mark.points(points)
+    @pytest.mark.tasks(build)
+    def test():
+        check(build, **options)
+    suffix = "pattern" if check is _check_pattern else "matches_builtin"
+    test.__name__ = test.__qualname__ = f"test_{build}_{suffix}"
+    return test
+
+
+test_broadcast_matches_builtin = _build_test(_check_values, "broadcast", 2)
+test_broadcast_pattern = _build_test(_check_pattern, "broadcast", 2, rooted="from_root")
+test_tree_broadcast_matches_builtin = _build_test(_check_values, "tree_broadcast", 2)
+test_tree_broadcast_pattern = _build_test(_check_pattern, "tree_broadcast", 3, rooted="from_root",
+                                          tree=True)
+test_reduce_matches_builtin = _build_test(_check_values, "reduce", 2)
+test_reduce_pattern = _build_test(_check_pattern, "reduce", 2, rooted="to_root")
+test_tree_reduce_matches_builtin = _build_test(_check_values, "tree_reduce", 2)
+test_tree_reduce_pattern = _build_test(_check_pattern, "tree_reduce", 3, rooted="to_root",
+                                       tree=True)
+test_all_reduce_matches_builtin = _build_test(_check_values, "all_reduce", 2)
+test_all_reduce_pattern = _build_test(_check_pattern, "all_reduce", 1)
+test_gather_matches_builtin = _build_test(_check_values, "gather", 2)
+test_gather_pattern = _build_test(_check_pattern, "gather", 1, rooted="to_root")
+test_scatter_matches_builtin = _build_test(_check_values, "scatter", 2)
+test_scatter_pattern = _build_test(_check_pattern, "scatter", 1, rooted="from_root")
+test_all_gather_matches_builtin = _build_test(_check_values, "all_gather", 2)
+test_all_gather_pattern = _build_test(_check_pattern, "all_gather", 1)
+test_reduce_scatter_matches_builtin = _build_test(_check_values, "reduce_scatter", 2)
+test_reduce_scatter_pattern = _build_test(_check_pattern, "reduce_scatter", 1)
 
 
 @pytest.mark.points(2)
-def test_broadcast_pattern():
-    _check_pattern("broadcast", rooted="from_root")
-
-
-@pytest.mark.points(2)
-def test_tree_broadcast_matches_builtin():
-    _check_values("tree_broadcast")
-
-
-@pytest.mark.points(3)
-def test_tree_broadcast_pattern():
-    _check_pattern("tree_broadcast", rooted="from_root", tree=True)
-
-
-@pytest.mark.points(2)
-def test_reduce_matches_builtin():
-    _check_values("reduce")
-
-
-@pytest.mark.points(2)
-def test_reduce_pattern():
-    _check_pattern("reduce", rooted="to_root")
-
-
-@pytest.mark.points(2)
-def test_tree_reduce_matches_builtin():
-    _check_values("tree_reduce")
-
-
-@pytest.mark.points(3)
-def test_tree_reduce_pattern():
-    _check_pattern("tree_reduce", rooted="to_root", tree=True)
-
-
-@pytest.mark.points(2)
-def test_all_reduce_matches_builtin():
-    _check_values("all_reduce")
-
-
-@pytest.mark.points(1)
-def test_all_reduce_pattern():
-    _check_pattern("all_reduce")
-
-
-@pytest.mark.points(2)
-def test_gather_matches_builtin():
-    _check_values("gather")
-
-
-@pytest.mark.points(1)
-def test_gather_pattern():
-    _check_pattern("gather", rooted="to_root")
-
-
-@pytest.mark.points(2)
-def test_scatter_matches_builtin():
-    _check_values("scatter")
-
-
-@pytest.mark.points(1)
-def test_scatter_pattern():
-    _check_pattern("scatter", rooted="from_root")
-
-
-@pytest.mark.points(2)
-def test_all_gather_matches_builtin():
-    _check_values("all_gather")
-
-
-@pytest.mark.points(1)
-def test_all_gather_pattern():
-    _check_pattern("all_gather")
-
-
-@pytest.mark.points(2)
-def test_reduce_scatter_matches_builtin():
-    _check_values("reduce_scatter")
-
-
-@pytest.mark.points(1)
-def test_reduce_scatter_pattern():
-    _check_pattern("reduce_scatter")
-
-
-@pytest.mark.points(2)
+@pytest.mark.tasks("barrier")
 def test_barrier_waits_for_everyone():
     for n in world_sizes(*WORLD_SIZES):
         per_rank = _results("barrier", n)
@@ -348,6 +295,7 @@ def test_barrier_waits_for_everyone():
 
 
 @pytest.mark.points(1)
+@pytest.mark.tasks("barrier")
 def test_barrier_pattern():
     numbers_first(test_barrier_waits_for_everyone, "barrier_waits_for_everyone")
     for n in world_sizes(*WORLD_SIZES):

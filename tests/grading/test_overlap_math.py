@@ -22,18 +22,21 @@ def layer(**kw):
 
 
 @pytest.mark.points(1)
+@pytest.mark.tasks("linear_flops")
 def test_linear_flops():
     assert lab().linear_flops(10, 3, 7) == 420
     assert lab().linear_flops(4096, 8192, 8192) == 2 * 4096 * 8192 * 8192
 
 
 @pytest.mark.points(1)
+@pytest.mark.tasks("layer_params")
 def test_layer_params_gpt_and_llama():
     assert lab().layer_params(layer()) == 4 * 1024**2 + 2 * 1024 * 4096        # 12 h^2
     assert lab().layer_params(layer(style="llama", ffn_hidden=2816)) == 4 * 1024**2 + 3 * 1024 * 2816
 
 
 @pytest.mark.points(1)
+@pytest.mark.tasks("layer_forward_flops")
 def test_layer_forward_flops_include_attention():
     expected = 2 * 1024 * (12 * 1024**2) + 4 * 2 * 512**2 * 1024
     got = lab().layer_forward_flops(layer())
@@ -41,6 +44,7 @@ def test_layer_forward_flops_include_attention():
 
 
 @pytest.mark.points(2)
+@pytest.mark.tasks("collective_time")
 def test_collective_time_uses_bus_factors():
     L = lab()
     hw = L.Hardware("h100", **H100)
@@ -51,6 +55,7 @@ def test_collective_time_uses_bus_factors():
 
 
 @pytest.mark.points(2)
+@pytest.mark.tasks("tp_layer", "dp_layer", "zero3_layer", "pp_stage")
 def test_tp_dp_zero3_pp_predictions():
     L = lab()
     hw = L.Hardware("h100", **H100)
@@ -81,10 +86,10 @@ def measured_on_link(trace_dir):
     import torch.distributed as dist
 
     from workbook import link as link_module
+    from workbook.reports.overlap_math import measure_tp_like_step
     from workbook.trace.capture import rank_trace
-    L = load_lab("overlap_math")
     with rank_trace(trace_dir, lab="overlap_math"):
-        steps = [L.measure_tp_like_step() for _ in range(5)]
+        steps = [measure_tp_like_step() for _ in range(5)]
     dist.barrier()
     rate = link_module.measure_local_flops(seconds=0.2)
     return [dict(s, shared_rate=rate) for s in steps]
@@ -128,6 +133,7 @@ def _measure(trace_dir) -> dict:
 
 
 @pytest.mark.points(3)
+@pytest.mark.tasks("collective_time")
 def test_predictions_match_the_measured_trace(tmp_path):
     """On 3 ranks (where the bus factor is not 1), every collective the trace shows on the link
     lasts what collective_time predicts (±2%), and the predicted compute time (at the rate the

@@ -94,21 +94,31 @@ def _check_values(what: str) -> None:
 
 
 @pytest.mark.points(4)
+@pytest.mark.tasks("ring_reduce_scatter")
 def test_ring_reduce_scatter():
+    """Phase 1 alone, for every dtype, shape and op: it returns (rank + 1) % n, and that chunk
+    holds the reduction of every rank's copy."""
     _check_values("ring_reduce_scatter")
 
 
 @pytest.mark.points(3)
+@pytest.mark.tasks("ring_all_gather")
 def test_ring_all_gather():
+    """Phase 2 alone: from a tensor where only the owned chunk is filled in, every rank ends
+    with the whole reduced tensor (the other chunks start as junk)."""
     _check_values("ring_all_gather")
 
 
 @pytest.mark.points(4)
+@pytest.mark.tasks("ring_all_reduce")
 def test_ring_all_reduce_matches_builtin():
+    """The whole ring against ``dist.all_reduce``: every dtype and op, and shapes with fewer
+    elements than ranks or not divisible by n."""
     _check_values("ring_all_reduce")
 
 
 @pytest.mark.points(4)
+@pytest.mark.tasks("ring_all_reduce")
 def test_ring_all_reduce_pattern():
     """Only isend/irecv; exactly 2(n-1) sends per rank, all to the right neighbour, each of
     one chunk (floor or ceil of K/n elements); receives only from the left neighbour.
@@ -137,6 +147,7 @@ def test_ring_all_reduce_pattern():
 
 
 @pytest.mark.points(3)
+@pytest.mark.tasks("naive_time", "tree_time", "ring_time", "crossover_bytes")
 def test_cost_model():
     from workbook.grading.labs import load_lab
     lab = load_lab("ring_allreduce")

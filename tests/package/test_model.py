@@ -75,29 +75,23 @@ def test_weights_are_a_function_of_the_name(style):
     assert torch.equal(w64.float(), full_weight(cfg, "head.weight", (256, 64)))
 
 
+def _block0(mlp: tuple[str, ...], params: tuple[str, ...]) -> list[str]:
+    """Block 0's parameter names, in order: norm1, wq wk wv wo, norm2, then the ``mlp`` matrices;
+    each module's ``params`` in turn (weight, then bias where there is one)."""
+    modules = ("norm1", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "norm2",
+               *(f"mlp.{m}" for m in mlp))
+    return [f"blocks.0.{m}.{p}" for m in modules for p in params]
+
+
 def test_parameter_names():
     gpt = parameter_shapes(ModelConfig(style="gpt", n_layers=1))
-    assert list(gpt) == [
-        "embed.tok.weight", "embed.pos.weight",
-        "blocks.0.norm1.weight", "blocks.0.norm1.bias",
-        "blocks.0.attn.wq.weight", "blocks.0.attn.wq.bias",
-        "blocks.0.attn.wk.weight", "blocks.0.attn.wk.bias",
-        "blocks.0.attn.wv.weight", "blocks.0.attn.wv.bias",
-        "blocks.0.attn.wo.weight", "blocks.0.attn.wo.bias",
-        "blocks.0.norm2.weight", "blocks.0.norm2.bias",
-        "blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc1.bias",
-        "blocks.0.mlp.fc2.weight", "blocks.0.mlp.fc2.bias",
-        "norm_f.weight", "norm_f.bias", "head.weight",
-    ]
+    assert list(gpt) == ["embed.tok.weight", "embed.pos.weight",
+                         *_block0(("fc1", "fc2"), ("weight", "bias")),
+                         "norm_f.weight", "norm_f.bias", "head.weight"]
     llama = parameter_shapes(ModelConfig(style="llama", n_layers=1))
-    assert list(llama) == [
-        "embed.tok.weight", "blocks.0.norm1.weight",
-        "blocks.0.attn.wq.weight", "blocks.0.attn.wk.weight",
-        "blocks.0.attn.wv.weight", "blocks.0.attn.wo.weight",
-        "blocks.0.norm2.weight", "blocks.0.mlp.w_gate.weight",
-        "blocks.0.mlp.w_up.weight", "blocks.0.mlp.w_down.weight",
-        "norm_f.weight", "head.weight",
-    ]
+    assert list(llama) == ["embed.tok.weight",
+                           *_block0(("w_gate", "w_up", "w_down"), ("weight",)),
+                           "norm_f.weight", "head.weight"]
 
 
 # --------------------------------------------------------------------- sharding

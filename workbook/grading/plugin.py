@@ -35,6 +35,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "points(n): the test is worth n points (all or nothing)")
+    config.addinivalue_line("markers", "tasks(*names): the lab functions/classes the test grades; "
+                                       "its points are split among them in the lab's task list "
+                                       "(read by `workbook assign`)")
     impl = config.getoption("--impl") or os.environ.get(ENV_IMPL) or "labs"
     use_impl(impl)
     config.stash[_RESULTS_KEY] = {}

@@ -7,7 +7,7 @@
   compute time, and their ratio. Below 1 the communication *can* hide behind compute (if the
   schedule lets it); above 1 no schedule can.
 * **measured**: on 2 ranks over the simulated dgx-h100 link, one TP-like MLP forward with its
-  all-reduce (the lab's ``measure_tp_like_step``): what the link charged for the all-reduce
+  all-reduce (``measure_tp_like_step``, shared with the grader): what the link charged for the all-reduce
   against your ``collective_time`` on ``simulated_hardware`` (the calibrated CPU link).
 """
 from __future__ import annotations
@@ -15,6 +15,28 @@ from __future__ import annotations
 WORLD_SIZE = 2
 LINK = "dgx-h100"
 PRESETS = ("dgx-h100", "pcie-h100")
+
+
+def measure_tp_like_step(hidden: int = 256, tokens: int = 512) -> dict:
+    """On a rank: one forward of a column->row MLP pair with its all-reduce, on the current link.
+    Returns what the link charged and what the matmuls took, to compare with predictions."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from workbook import link
+    n = dist.get_world_size()
+    x = torch.randn(tokens, hidden)
+    w1 = torch.randn(4 * hidden // n, hidden) / hidden ** 0.5
+    w2 = torch.randn(hidden, 4 * hidden // n) / hidden ** 0.5
+    t0 = time.perf_counter()
+    y = (x @ w1.T).relu() @ w2.T                        # [tokens, hidden], partial sums
+    compute = time.perf_counter() - t0
+    dist.all_reduce(y)
+    record = link.op_log()[-1] if link.op_log() else None
+    return {"compute_s": compute, "flops": 2.0 * tokens * hidden * 8 * hidden / n,
+            "modelled_s": record.modelled_ns / 1e9 if record else 0.0,
+            "bytes": y.numel() * y.element_size(), "world": n}
 
 
 def run(trace_dir=None, impl=None) -> dict:
@@ -36,7 +58,7 @@ def run(trace_dir=None, impl=None) -> dict:
     out = {"rows": rows}
     sim = link.current_link()
     if sim is not None:
-        step = lab.measure_tp_like_step()
+        step = measure_tp_like_step()
         out["measured"] = {"bytes": step["bytes"], "charged_ms": step["modelled_s"] * 1e3,
                            "predicted_ms": lab.collective_time(
                                "all_reduce", step["bytes"], step["world"],

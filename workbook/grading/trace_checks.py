@@ -1,0 +1,38 @@
+"""What the overlap graders share once a trace has been read: where traces go, and the verdict on
+how much communication compute hid.
+
+* ``trace_root_fixture(prefix)``: a module-scoped pytest fixture ``trace_root``, one fresh folder
+  for the module's traces (the self-check passes its own ``trace_root``);
+* ``assert_hidden(pct, at_least, ...)``: fail, in the words every overlap check uses, when less
+  than ``at_least`` % of the graded communication was hidden behind compute.
+"""
+from __future__ import annotations
+
+import pytest
+
+
+def trace_root_fixture(prefix: str):
+    """A module-scoped fixture named ``trace_root``: a new folder ``<prefix>N`` under pytest's
+    temporary root. Use it as ``trace_root = trace_root_fixture("async_overlap_traces")``."""
+    @pytest.fixture(scope="module")
+    def trace_root(tmp_path_factory):
+        return tmp_path_factory.mktemp(prefix)
+    return trace_root
+
+
+def assert_hidden(pct: float, at_least: float, *, rank: int, where: str, what: str, details: str,
+                  advice: str) -> None:
+    """Fail unless at least ``at_least`` % of ``what`` was hidden behind compute.
+
+    ``where``: the run (``"overlapped_all_reduce on 2 ranks, simulated dgx-h100 link"``);
+    ``what``: the communication graded (``"the all-reduce"``); ``details``: the measured figures
+    shown in brackets (modelled transfer, time excused while a peer was late, ...); ``advice``:
+    what to change. The message reads::
+
+        rank 0: WHERE: 12% of WHAT (DETAILS) was hidden behind compute, read from the trace;
+        at least 70% is expected. ADVICE
+    """
+    if pct < at_least:
+        raise AssertionError(
+            f"rank {rank}: {where}: {pct:.0f}% of {what} ({details}) was hidden behind compute, "
+            f"read from the trace; at least {at_least:.0f}% is expected. {advice}")
