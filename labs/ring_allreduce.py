@@ -17,40 +17,19 @@
 #      size_bytes / n.
 #   7. crossover_bytes (0.75 pts): The size above which the ring beats the tree (0: always; inf:
 #      never).
-"""Lab 2 — ring all-reduce: reduce-scatter around a ring, then all-gather around it.
+"""Lab 2 -- ring all-reduce: reduce-scatter around a ring, then all-gather around it.
 
-The ranks stand in a circle; rank r only ever sends to its right neighbour r+1 and receives
-from its left neighbour r-1 (mod n). The K elements of the tensor are cut into n chunks with
-``torch.tensor_split`` (the first K % n chunks are one element longer), and the algorithm
-moves one chunk per rank per step (Patarasuk & Yuan, "Bandwidth optimal all-reduce
-algorithms for clusters of workstations", JPDC 2009):
+Lesson 2 explains it (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+workstations", JPDC 2009). The ranks stand in a circle: rank r only sends to r+1 and receives
+from r-1 (mod n). The tensor is cut into n chunks (``torch.tensor_split``), one chunk moves per
+rank per step: n-1 steps that reduce every chunk onto one rank, then n-1 steps that pass the
+reduced chunks around. Per rank that is 2(n-1) messages of about K/n elements, the lower bound for
+an all-reduce, which is why nccl-tests reports busbw = (S / t) * 2(n-1)/n. The alpha-beta cost
+model then tells when the ring beats a tree (``crossover_bytes``): work out each cost yourself.
 
-1. reduce-scatter, n-1 steps. In step s rank r sends chunk (r - s) and receives chunk
-   (r - s - 1), which it combines into its own copy. Each chunk travels n-1 hops, picking up
-   one rank's contribution per hop, so afterwards rank r holds chunk (r + 1) fully reduced.
-2. all-gather, n-1 steps. In step s rank r sends chunk (r + 1 - s) and receives chunk (r - s),
-   overwriting its copy: the reduced chunks travel once more around the ring.
-
-Per rank: 2(n-1) messages of about K/n elements, so 2(n-1)/n * S bytes out and the same in
-for a tensor of S bytes, whatever n is. That is the lower bound for all-reduce, which is why
-nccl-tests reports all-reduce "bus bandwidth" as busbw = (S / t) * 2(n-1)/n: a perfect ring
-runs every link at busbw.
-
-The alpha-beta cost model (alpha = seconds per message, beta = bytes per second of a link,
-every rank sends and receives at the same time) gives for an all-reduce of S bytes:
-
-=====================================  ==================================
-naive: reduce at a root, broadcast it  2 (n-1) (alpha + S / beta)
-binomial tree reduce + tree broadcast  2 ceil(log2 n) (alpha + S / beta)
-ring (this lab)                        2 (n-1) (alpha + S / (n beta))
-=====================================  ==================================
-
-The ring pays the most latency terms and the fewest bytes: it wins for large S, the tree for
-small S (``crossover_bytes``). NCCL picks between them by size for this reason.
-
-Run it: ``workbook run ring_allreduce`` (the grader's checks, then your ring's algbw/busbw
-beside the built-in), ``python labs/ring_allreduce.py --nproc 3 [--link dgx-h100]`` or
-``torchrun --nproc_per_node=4 labs/ring_allreduce.py``.
+Run it: ``workbook run ring_allreduce`` (the checks, then your ring's algbw/busbw beside the
+built-in), ``python labs/ring_allreduce.py --nproc 3 [--link dgx-h100]`` or ``torchrun
+--nproc_per_node=4 labs/ring_allreduce.py``.
 """
 from __future__ import annotations
 
