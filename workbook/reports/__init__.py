@@ -44,6 +44,9 @@ def where_measured(link_label) -> str:
     return link_label.replace("simulated", "SIMULATED", 1) if link_label else "gloo"
 
 
+PHASE_TIMES_HEADER = f"{'wall ms':>9}{'comm ms':>9}{'compute ms':>11}"
+
+
 def phase_times(p: dict) -> str:
     """``wall ms``, ``comm ms`` and ``compute ms`` columns of one phase (``run_phases``);
     the last two need a trace (``-`` without one)."""

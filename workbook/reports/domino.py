@@ -29,23 +29,22 @@ STEPS_NAMED = {"vanilla_tp": "vanilla TP", "domino": "Domino"}
 
 
 def run(trace_dir=None, impl=None) -> dict:
-    import torch
     import torch.distributed as dist
     from torch.profiler import record_function
 
     from workbook import link, trace
+    from workbook.domino_measure import inputs, recalibrate
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
+    from workbook.tp_stack import TPStack, vanilla_tp_forward
     from workbook.trace.capture import rank_trace
     lab = load_lab("domino", impl)
     rank, world = dist.get_rank(), dist.get_world_size()
-    _recalibrate()
+    recalibrate()
     cfg = ModelConfig(hidden=HIDDEN, heads=HEADS, ffn_hidden=4 * HIDDEN, n_layers=2, seq_len=SEQ,
                       vocab_size=VOCAB, dtype="float32")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(BATCH, SEQ, HIDDEN, generator=g)
-    targets = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=g)
-    m = lab.TPStack(cfg, rank, world)
+    x, targets = inputs(cfg, BATCH)
+    m = TPStack(cfg, rank, world)
 
     def step(variant, k):
         name = STEPS_NAMED[variant]
@@ -55,7 +54,7 @@ def run(trace_dir=None, impl=None) -> dict:
                 if variant == "domino":
                     loss, _ = lab.domino_forward(m, x, targets, P, reg, step=k)
                 else:
-                    loss, _ = lab.vanilla_tp_forward(m, x, targets, k)
+                    loss, _ = vanilla_tp_forward(m, x, targets, k)
             with record_function(f"{name} backward"):
                 loss.backward()
         reg.check_empty(f"the end of the {name} step")
@@ -86,20 +85,6 @@ def run(trace_dir=None, impl=None) -> dict:
     if not trace_dir:
         shutil.rmtree(folder, ignore_errors=True)
     return out
-
-
-def _recalibrate() -> None:
-    """Re-make the link from this machine's matmul rate now (the ranks agree on the highest),
-    as the grader does: the pool's calibration may date from a busier moment."""
-    import torch
-    import torch.distributed as dist
-    from workbook import link
-    if link.current_link() is None:
-        return
-    rate = torch.tensor([max(link.measure_local_flops(seconds=0.1) for _ in range(3))],
-                        dtype=torch.float64)
-    dist.all_reduce(rate, op=dist.ReduceOp.MAX)
-    link.set_link(link.make_link(link.current_link().preset, float(rate)))
 
 
 def _pct(results, key, with_skew: bool) -> str:

@@ -14,7 +14,7 @@ of its replicated parameters on each rank, inside ``record_function`` ranges ``"
 """
 from __future__ import annotations
 
-from workbook.reports import phase_times, run_phases, where_measured
+from workbook.reports import PHASE_TIMES_HEADER, phase_times, run_phases, where_measured
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
@@ -57,7 +57,7 @@ def describe(results: list[dict]) -> str:
     lines = [f"sp figures: one SP block on {n} ranks (float64, B*S*H = {first['elements_BSH']} "
              f"elements), rank 0; {where}",
              f"{'phase':<10}{'collectives':<34}{'bus bytes':>10}{'TP bus bytes':>13}"
-             f"{'wall ms':>9}{'comm ms':>9}{'compute ms':>11}"]
+             + PHASE_TIMES_HEADER]
     for phase, p in first["block"].items():
         calls = {}
         for k, c in (p.get("trace_calls") or p["calls"]).items():     # one name per collective

@@ -14,7 +14,7 @@ backward pass on each rank, inside ``record_function("forward")`` / ``("backward
 from __future__ import annotations
 
 from workbook.model.memory import saved_bytes_by_region
-from workbook.reports import phase_times, run_phases, where_measured
+from workbook.reports import PHASE_TIMES_HEADER, phase_times, run_phases, where_measured
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
@@ -50,8 +50,7 @@ def describe(results: list[dict]) -> str:
     where = where_measured(first["link"])
     lines = [f"tp figures: one TP block on {n} ranks ({first['dtype']}, B*S*H = "
              f"{first['elements_BSH']} elements), rank 0; {where}",
-             f"{'phase':<10}{'collectives':<30}{'bytes':>10}{'wall ms':>9}{'comm ms':>9}"
-             f"{'compute ms':>11}"]
+             f"{'phase':<10}{'collectives':<30}{'bytes':>10}" + PHASE_TIMES_HEADER]
     for phase, p in first["block"].items():
         calls = p.get("trace_calls") or p["calls"]
         text = ", ".join(f"{c['count']}x {k}" for k, c in calls.items()) or "none"
