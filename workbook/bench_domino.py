@@ -14,7 +14,8 @@ trace exactly as the grader reads it:
 * ``domino``       Domino, intra- and inter-layer;
 * ``no_comm``      the same compute with every collective skipped (wrong numbers, right
                    time): the optimum a perfect overlap would reach. Both schedules run without
-                   collectives, vanilla TP's whole batch and Domino's chunks (on a CPU the
+                   collectives, vanilla TP's whole batch (``comm=False``) and Domino's chunks (a
+                   registry that starts nothing: ``workbook.domino_measure``; on a CPU the
                    chunks' smaller working set can be faster), and the faster one is the optimum.
 
 Per variant (medians over the measured steps, slowest rank): step time, modelled link time
@@ -34,13 +35,15 @@ from __future__ import annotations
 
 import json
 import statistics
-from contextlib import contextmanager
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from workbook import tp_stack
+from workbook.tp import row_parallel_name
 
 VARIANTS = ("vanilla_tp", "sp", "domino_intra", "domino", "no_comm")
 # The default model sits at a communication fraction of about 30% on the dgx-h100 preset (see
@@ -68,8 +71,10 @@ def add_arguments(parser) -> None:
 # --------------------------------------------------------------------------- inside a rank
 def _rank_bench(opts: dict, trace_root: str) -> dict:
     from workbook import link, trace
+    from workbook.domino_measure import inputs, training_step
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
+    from workbook.tp_stack import TPStack
     from workbook.trace.capture import rank_trace
     lab = load_lab("domino", opts["impl"])
     sp = load_lab("sp", opts["impl"]) if "sp" in opts["variants"] else None
@@ -77,38 +82,25 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
     cfg = ModelConfig(hidden=opts["hidden"], heads=opts["heads"], ffn_hidden=opts["ffn"],
                       n_layers=opts["layers"], seq_len=opts["seq"], vocab_size=opts["vocab"],
                       style=opts["style"], dtype="float32")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(opts["batch"], opts["seq"], opts["hidden"], generator=g)
-    targets = torch.randint(0, opts["vocab"], (opts["batch"], opts["seq"]), generator=g)
-    m = lab.TPStack(cfg, rank, world)
+    x, targets = inputs(cfg, opts["batch"])
+    m = TPStack(cfg, rank, world)
     out = {"rank": rank, "link": link.current_link().describe() if link.current_link() else None,
            "variants": {}}
     variants = [v for v in opts["variants"] if v != "no_comm"]
-    if "no_comm" in opts["variants"]:
+    if "no_comm" in opts["variants"]:       # the optimum: the faster no-communication schedule
         variants += ["no_comm", "no_comm_domino"]
 
     def step(variant, k):
-        if variant == "no_comm_domino":
-            with _collectives_off():
-                step("domino", k)
-        elif variant == "sp":
+        if variant == "sp":
             with torch.profiler.record_function("forward"):
-                loss = _sp_forward(lab, sp, m, x, targets, k)
+                loss = _sp_forward(sp, m, x, targets, k)
             with torch.profiler.record_function("backward"):
                 loss.backward()
                 _all_reduce_sequence_parallel_grads(m)
-        elif variant.startswith("domino"):
-            reg = lab.HandleRegistry()
-            with torch.profiler.record_function("forward"):
-                loss, _ = lab.domino_forward(m, x, targets, opts["p"], reg, step=k,
-                                             inter_layer=variant == "domino",
-                                             lookahead=opts["lookahead"])
-            with torch.profiler.record_function("backward"):
-                loss.backward()
-            reg.check_empty()
+            m.zero_grad()
         else:
-            lab.train_step(m, x, targets, variant=variant, p=opts["p"], step=k)
-        m.zero_grad()
+            training_step(lab, m, x, targets, variant, p=opts["p"], step=k,
+                          lookahead=opts["lookahead"])
 
     for variant in variants:
         for k in range(opts["warmup"]):
@@ -141,30 +133,9 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
     return out
 
 
-class _Done:
-    """The handle of a collective that was skipped."""
-
-    def wait(self, *args, **kwargs):
-        return True
-
-    def is_completed(self):
-        return True
-
-
-@contextmanager
-def _collectives_off():
-    """Skip every ``dist.all_reduce`` of the enclosed code (Domino's schedule, no communication)."""
-    real = dist.all_reduce
-    dist.all_reduce = lambda tensor, *args, async_op=False, **kwargs: _Done() if async_op else None
-    try:
-        yield
-    finally:
-        dist.all_reduce = real
-
-
 # --------------------------------------------------------------------------- sequence-parallel TP
-def _sp_forward(lab, sp, m, x, targets, step: int):
-    """Sequence-parallel TP on the Domino lab's weights and compute functions.
+def _sp_forward(sp, m, x, targets, step: int):
+    """Sequence-parallel TP on the Domino stack's weights and compute functions.
 
     Between sublayers each rank holds its sequence shard ``[B, S/t, H]`` (norm, bias, dropout
     and residual run there); ``sp.gather_from_sequence_parallel_region`` enters the sublayer
@@ -175,20 +146,19 @@ def _sp_forward(lab, sp, m, x, targets, step: int):
     B, S = x.shape[:2]
     seq = slice(*sp.sequence_range(S))
     xs = x[:, seq]                                                            # [B, S/t, H]
-    for layer in range(m.cfg.n_layers):
-        for sub, nm in zip(lab.SUBLAYERS, ("norm1", "norm2")):
-            h = sp.gather_from_sequence_parallel_region(
-                lab.norm(m, xs, f"blocks.{layer}.{nm}"))                     # [B, S, H]
-            partial = lab.compute_B(m, layer, sub, lab.compute_A(m, layer, sub, h))
-            y = sp.reduce_scatter_to_sequence_parallel_region(partial)        # [B, S/t, H]
-            name = {"attn": "attn.wo", "mlp": "mlp.fc2" if m.cfg.style == "gpt" else "mlp.w_down"}[sub]
-            if m[f"blocks.{layer}.{name}.bias"] is not None:
-                y = y + m[f"blocks.{layer}.{name}.bias"]
-            if m.cfg.dropout > 0:
-                y = y * m.mask(f"blocks.{layer}.{sub}.dropout", (B, S, y.shape[-1]), step)[:, seq]
-            xs = xs + y
+    for stage in tp_stack.stages(m.cfg.n_layers)[:-1]:
+        layer, sub = stage
+        h = sp.gather_from_sequence_parallel_region(tp_stack.pre_norm(m, stage, xs))  # [B, S, H]
+        partial = tp_stack.compute_B(m, layer, sub, tp_stack.compute_A(m, layer, sub, h))
+        y = sp.reduce_scatter_to_sequence_parallel_region(partial)            # [B, S/t, H]
+        bias = m.optional(f"blocks.{layer}.{row_parallel_name(m.cfg, sub)}.bias")
+        if bias is not None:
+            y = y + bias
+        if m.cfg.dropout > 0:
+            y = y * m.mask(f"blocks.{layer}.{sub}.dropout", (B, S, y.shape[-1]), step)[:, seq]
+        xs = xs + y
     full = _GatherSequenceSplitBackward.apply(xs)                             # [B, S, H]
-    return lab.head_loss(m, full, targets, targets.numel())
+    return tp_stack.head_loss(m, full, targets, targets.numel())
 
 
 class _GatherSequenceSplitBackward(torch.autograd.Function):

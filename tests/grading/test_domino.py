@@ -1,4 +1,9 @@
-"""Autograder for lab 6, ``domino``: numbers first, then how much communication hid.
+"""Autograder for lab 6, ``domino``: the schedule, then numbers, then how much communication hid.
+
+The schedule (no ranks, instant): ``schedule(stages(L), p, lookahead, inter_layer)`` is a valid
+order (each unit prepared once and computed once, after its prepare; a chunk's stages in order)
+and equals the order that hides communication (``_hiding_order``), for several shapes; the
+first event out of place is named, with the rule it breaks.
 
 Numerics (fp64, no link model): the loss, the final hidden states and every gradient of a
 2-layer stack (plus the replicated final norm and LM head) equal the single-device reference and
@@ -18,14 +23,18 @@ and waited on, most of them after other work), then the figure; a near miss is m
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
 import torch
 
+from workbook.domino_measure import inputs, recalibrate
 from workbook.grading.checks import assert_equal_on_rank
 from workbook.grading.engine import on_ranks, world_sizes
 from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
+from workbook.grading.trace_checks import assert_hidden, trace_root_fixture
+from workbook.tp_stack import HEAD, Stage, TPStack, reference_step, stages, vanilla_tp_forward
 
 FWD_THRESHOLD_PCT = 70.0    # thresholds sit below the reference's lowest figure under load and on
 BWD_THRESHOLD_PCT = 60.0    # one core by a measured margin; wrong schedules hide ~0% (README)
@@ -37,6 +46,136 @@ TOL = dict(rtol=1e-9, atol=1e-12)
 def _lab():
     from workbook.grading.labs import load_lab
     return load_lab("domino")
+
+
+# --------------------------------------------------------------------------- the schedule (no ranks)
+KINDS = ("prepare", "compute", "wait")
+# (n_layers, p, lookahead, inter_layer): the shapes the schedule is graded on
+SCHEDULE_CASES = {True: [(1, 2, 0), (1, 4, 1), (2, 4, 1), (2, 3, 2), (3, 5, 3)],
+                  False: [(1, 4, 1), (2, 4, 1), (3, 2, 1), (2, 3, 0), (2, 4, 3)]}
+
+
+def _hiding_order(stage_list, p: int, lookahead: int, inter_layer: bool) -> list[tuple]:
+    """The order that hides communication (lesson 6): units (stage, chunk) stage by stage; the
+    first ``lookahead`` units are prepared up front, then each compute of unit n follows the
+    prepare of unit n + lookahead. Without inter-layer overlap each layer is a run of its own,
+    closed by a wait per chunk for its last all-reduce."""
+    order = []
+    for _, run in itertools.groupby(stage_list, key=lambda s: True if inter_layer else s.layer):
+        units = [(st, k) for st in run for k in range(p)]
+        order += [("prepare", *unit) for unit in units[:lookahead]]
+        for n, unit in enumerate(units):
+            order += [("prepare", *units[n + lookahead])] if n + lookahead < len(units) else []
+            order.append(("compute", *unit))
+        last = units[-1][0]
+        order += [] if inter_layer or last == HEAD else [("wait", last, k) for k in range(p)]
+    return order
+
+
+def _event(e) -> str:
+    kind, stage, k = e
+    return f"{kind} {Stage(*stage)} chunk {k}"
+
+
+def _as_events(got, stage_list, p: int) -> list[tuple]:
+    """The learner's events as ``(kind, Stage, chunk)``; an event of another shape is an error."""
+    events = []
+    for i, e in enumerate(got if isinstance(got, (list, tuple)) else [got]):
+        ok = isinstance(e, tuple) and len(e) == 3 and e[0] in KINDS and isinstance(e[1], tuple) \
+            and len(e[1]) == 2 and Stage(*e[1]) in stage_list and isinstance(e[2], int) and 0 <= e[2] < p
+        if not ok:
+            raise AssertionError(
+                f"event {i}: {e!r} is not (kind, stage, chunk) with kind one of {', '.join(KINDS)}, "
+                f"a stage from the stages given and a chunk 0..{p - 1}")
+        events.append((e[0], Stage(*e[1]), e[2]))
+    return events
+
+
+def _validity(events, stage_list, p: int) -> str | None:
+    """The first event that no executor could run, or a unit never run; None if all is well."""
+    done: dict[str, set] = {kind: set() for kind in KINDS}
+    for i, (kind, stage, k) in enumerate(events):
+        unit, at = (stage, k), stage_list.index(stage)
+        if unit in done[kind]:
+            return f"event {i}: {_event((kind, stage, k))} happens twice; each unit has one {kind}"
+        if kind == "prepare" and at and (stage_list[at - 1], k) not in done["compute"]:
+            return (f"event {i}: {_event((kind, stage, k))} came before "
+                    f"{_event(('compute', stage_list[at - 1], k))}: a chunk's stages run in order, "
+                    f"and a prepare needs the chunk's previous stage computed")
+        if kind == "compute" and unit not in done["prepare"]:
+            return (f"event {i}: {_event((kind, stage, k))} came before its prepare: a compute "
+                    f"uses the input its prepare made")
+        if kind == "wait" and unit not in done["compute"]:
+            return (f"event {i}: {_event((kind, stage, k))} came before "
+                    f"{_event(('compute', stage, k))}: it waits for that compute's all-reduce")
+        done[kind].add(unit)
+    for kind in ("prepare", "compute"):
+        missing = [(kind, st, k) for st in stage_list for k in range(p) if (st, k) not in done[kind]]
+        if missing:
+            return (f"{len(missing)} unit(s) never have a {kind}, first {_event(missing[0])}: "
+                    f"every (stage, chunk) is prepared once and computed once")
+    return None
+
+
+def _why(got, want, lookahead: int, inter_layer: bool) -> str:
+    """The rule the first event out of place breaks."""
+    ahead = f"{lookahead} unit{'s' * (lookahead != 1)}"
+    if not inter_layer and got[1].layer != want[1].layer:
+        return (f"with inter_layer=False each layer is a run of its own: {want[1]} is computed "
+                f"and waited for, chunk by chunk, before anything of {got[1]} starts")
+    if got[0] == "compute" and want[0] == "prepare":
+        across = " (with inter_layer=True across layer boundaries too)" if got[1].layer != want[1].layer else ""
+        return f"with lookahead={lookahead} a unit is prepared {ahead} ahead of its compute{across}"
+    if got[0] == "prepare" and want[0] == "compute":
+        return f"with lookahead={lookahead} a prepare runs only {ahead} ahead of the computes"
+    if got[0] == "wait":
+        return ("with inter_layer=True nothing waits at a layer boundary: each chunk's all-reduce "
+                "is waited for by the chunk's next prepare" if inter_layer else
+                "a layer's waits come after all of its units, one per chunk in chunk order")
+    return "units go stage by stage, chunks 0 to p-1 within a stage"
+
+
+def _schedule_problem(schedule, n_layers: int, p: int, lookahead: int, inter_layer: bool):
+    """None if ``schedule`` gives the hiding order for this shape; else the message."""
+    stage_list = stages(n_layers)
+    call = f"schedule(stages({n_layers}), p={p}, lookahead={lookahead}, inter_layer={inter_layer})"
+    given = list(stage_list)
+    got = schedule(given, p, lookahead, inter_layer)
+    if given != stage_list:
+        return f"{call} changed the list of stages it was given; a schedule only reads them"
+    try:
+        events = _as_events(got, stage_list, p)
+    except AssertionError as exc:
+        return f"{call}: {exc}"
+    problem = _validity(events, stage_list, p)
+    if problem:
+        return f"{call}: {problem}"
+    want = _hiding_order(stage_list, p, lookahead, inter_layer)
+    for i, (g, w) in enumerate(zip(events, want)):
+        if g != w:
+            if g not in want:
+                return (f"{call}: event {i}: {_event(g)} is not in the order that hides "
+                        f"communication; {_event(w)} belongs there ({_why(g, w, lookahead, inter_layer)})")
+            return (f"{call}: event {i}: {_event(g)} came before {_event(w)}: "
+                    f"{_why(g, w, lookahead, inter_layer)}")
+    if len(events) != len(want):
+        extra = events[len(want):] or want[len(events):]
+        return (f"{call}: {len(events)} events where the order that hides communication has "
+                f"{len(want)}; {'extra' if len(events) > len(want) else 'missing'} from event "
+                f"{min(len(events), len(want))}: {_event(extra[0])}")
+    if list(schedule(list(stage_list), p, lookahead, inter_layer)) != list(got):
+        return f"{call} gave another order when called again: a schedule is a pure function"
+    return None
+
+
+def _check_schedule(inter_layer: bool) -> None:
+    lab = _lab()
+    for n_layers, p, lookahead in SCHEDULE_CASES[inter_layer]:
+        problem = _schedule_problem(lab.schedule, n_layers, p, lookahead, inter_layer)
+        if problem:
+            raise AssertionError(problem)
+    if inter_layer and lab.schedule(stages(2), 4) != lab.schedule(stages(2), 4, 1, True):
+        raise AssertionError("schedule(stages, p) must default to lookahead=1, inter_layer=True")
 
 
 # --------------------------------------------------------------------------- rank side
@@ -78,7 +217,7 @@ def _numerics(kind: str) -> list[dict]:
         cfg = _small_cfg(style, world)
         x = torch.randn(4, cfg.seq_len, cfg.hidden, generator=g, dtype=torch.float64)
         targets = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len), generator=g)
-        want = lab.reference_step(cfg, x, targets, step=3)
+        want = reference_step(cfg, x, targets, step=3)
         cases = []
         if kind == "domino":
             cases = [("vanilla_tp", 1, True), ("domino", 2, True), ("domino", 4, True),
@@ -93,10 +232,10 @@ def _numerics(kind: str) -> list[dict]:
                      f"(p={p}{'' if variant == 'column' else f', inter_layer={inter}'})") + \
                 f" on {style} blocks, TP={world}"
             try:
-                m = lab.TPStack(cfg, rank, world)
+                m = TPStack(cfg, rank, world)
                 if variant == "vanilla_tp":
                     xx = x.clone().requires_grad_()
-                    loss, h = lab.vanilla_tp_forward(m, xx, targets, step=3)
+                    loss, h = vanilla_tp_forward(m, xx, targets, step=3)
                     loss.backward()
                     _compare(label, loss, h, m, xx.grad, want, rank, world)
                 elif variant == "domino":
@@ -119,6 +258,10 @@ def _numerics(kind: str) -> list[dict]:
                         def put(self, key, work):
                             keys.append(key)
                             return super().put(key, work)
+
+                        def start(self, key, tensor):
+                            keys.append(key)
+                            return super().start(key, tensor)
 
                     for step in range(2):
                         keys.clear()
@@ -153,17 +296,6 @@ def _numerics(kind: str) -> list[dict]:
     return out
 
 
-def _recalibrate(preset: str) -> None:
-    """The link is re-made from the machine's matmul rate now: each rank takes its best of three
-    short measurements (the least disturbed), and the ranks agree on the highest."""
-    import torch.distributed as dist
-    from workbook import link
-    rate = torch.tensor([max(link.measure_local_flops(seconds=0.1) for _ in range(3))],
-                        dtype=torch.float64)
-    dist.all_reduce(rate, op=dist.ReduceOp.MAX)
-    link.set_link(link.make_link(preset, float(rate)))
-
-
 def _overlap(trace_dir: str) -> dict:
     """On every rank: one profiled Domino step (p=4) after a warm-up; overlap per pass."""
     import torch.distributed as dist
@@ -172,14 +304,12 @@ def _overlap(trace_dir: str) -> dict:
     from workbook.trace.capture import rank_trace
     lab = _lab()
     rank, world = dist.get_rank(), dist.get_world_size()
-    _recalibrate(LINK)
-    H, B = 2048, 4               # compute comfortably covers the modelled transfers
+    recalibrate(LINK)            # the machine's matmul rate now: a busy machine slows compute
+    H = 2048                     # compute comfortably covers the modelled transfers
     cfg = ModelConfig(hidden=H, heads=16, ffn_hidden=4 * H, n_layers=2, seq_len=128,
                       vocab_size=2048, dtype="float32")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(B, 128, H, generator=g)
-    targets = torch.randint(0, 2048, (B, 128), generator=g)
-    m = lab.TPStack(cfg, rank, world)
+    x, targets = inputs(cfg, 4)
+    m = TPStack(cfg, rank, world)
     lab.train_step(m, x, targets, variant="domino", p=4, step=0)
     m.zero_grad()
     dist.barrier()
@@ -268,32 +398,33 @@ def _check_overlap(phase: str, tmp_root) -> None:
             raise AssertionError(f"rank {r['rank']}: no all-reduce issued in the {phase} pass was "
                                  f"found on the link track of the trace")
     pct = _pct(res, phase)
-    if pct < limit:
-        worst = min(res, key=lambda r: r[phase]["pct"] or 0.0)
-        o = worst[phase]
-        per_rank = ", ".join(f"rank {r['rank']} {r[phase]['pct']:.0f}%" for r in res)
-        why = ("start each chunk's all-reduce with async_op=True and wait for it only in the "
+    worst = min(res, key=lambda r: r[phase]["pct"] or 0.0)
+    o = worst[phase]
+    per_rank = ", ".join(f"rank {r['rank']} {r[phase]['pct']:.0f}%" for r in res)
+    assert_hidden(
+        pct, limit, rank=worst["rank"], where=f"Domino (p=4, 2 layers, 2 ranks, {worst['link']})",
+        what=f"the all-reduce time issued in the {phase} pass",
+        details=f"{per_rank}; {o['count']} all-reduces, {o['comm_ms']:.0f} ms of modelled transfer "
+                f"on rank {worst['rank']}, {o['exposed_ms']:.0f} ms exposed, not counting "
+                f"{o['skew_ms']:.0f} ms while the other rank was late",
+        advice="start each chunk's all-reduce with async_op=True and wait for it only in the "
                "prepare step of the same chunk's next sublayer, after other chunks computed"
                if phase == "forward" else
                "AsyncCopyToTP's backward must only start the all-reduce, and WaitInBackward "
-               "must be created (in the forward) before another chunk's compute: prepare "
-               "unit n+1 (norm + WaitInBackward) before computing unit n, so that autograd "
-               "runs that compute between the start and the wait")
-        raise AssertionError(
-            f"rank {worst['rank']}: Domino (p=4, 2 layers, 2 ranks, {worst['link']}): "
-            f"{pct:.0f}% of the all-reduce time issued in the {phase} pass ({per_rank}; "
-            f"{o['count']} all-reduces, {o['comm_ms']:.0f} ms of modelled transfer on rank "
-            f"{worst['rank']}, {o['exposed_ms']:.0f} ms exposed, not counting "
-            f"{o['skew_ms']:.0f} ms while the other rank was late) was hidden behind compute, "
-            f"read from the trace; at least {limit:.0f}% is expected. {why}")
+               "must be created (in the forward) before another chunk's compute: the schedule "
+               "prepares unit n+1 (norm + WaitInBackward) before computing unit n, so that "
+               "autograd runs that compute between the start and the wait")
 
 
-@pytest.fixture(scope="module")
-def trace_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("domino_traces")
+trace_root = trace_root_fixture("domino_traces")
+
+
+NUMERIC_TASKS = ("schedule", "settle", "prepare", "compute", "HandleRegistry.start",
+                 "StartAllReduce.forward", "AsyncCopyToTP.backward", "WaitInBackward.backward")
 
 
 @pytest.mark.points(1)
+@pytest.mark.tasks("HandleRegistry.put", "HandleRegistry.wait", "HandleRegistry.check_empty")
 def test_handle_registry():
     lab = _lab()
 
@@ -323,31 +454,49 @@ def test_handle_registry():
     assert "layer0.attn.chunk0.fwd" in str(err.value), "wait() of an unknown key must fail, naming it"
 
 
+@pytest.mark.points(2)
+@pytest.mark.tasks("schedule")
+def test_schedule_hides_communication():
+    _check_schedule(inter_layer=True)
+
+
+@pytest.mark.points(1)
+@pytest.mark.tasks("schedule")
+def test_schedule_intra_layer_only():
+    _check_schedule(inter_layer=False)
+
+
 @pytest.mark.points(3)
+@pytest.mark.tasks(*NUMERIC_TASKS)
 def test_domino_matches_reference_tp2():
     _check_numerics("domino", 2)
 
 
 @pytest.mark.points(2)
+@pytest.mark.tasks(*NUMERIC_TASKS)
 def test_domino_matches_reference_tp4():
     _check_numerics("domino", 4)
 
 
 @pytest.mark.points(1)
+@pytest.mark.tasks("WaitInBackward.backward", "settle", "HandleRegistry.check_empty")
 def test_registry_empty_after_each_step():
     _check_numerics("registry", 2)
 
 
 @pytest.mark.points(1)
+@pytest.mark.tasks("column_split_forward", "HandleRegistry.start")
 def test_column_split_forward_matches_reference():
     _check_numerics("column", 2)
 
 
 @pytest.mark.points(3)
+@pytest.mark.tasks("schedule", "compute", "settle", "StartAllReduce.forward", "HandleRegistry.start")
 def test_forward_communication_hidden(trace_root):
     _check_overlap("forward", trace_root)
 
 
 @pytest.mark.points(3)
+@pytest.mark.tasks("schedule", "prepare", "AsyncCopyToTP.backward", "WaitInBackward.backward")
 def test_backward_communication_hidden(trace_root):
     _check_overlap("backward", trace_root)

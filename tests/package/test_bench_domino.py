@@ -1,8 +1,8 @@
 """``workbook bench domino``: its variants compute the same step, and bad shapes fail at once.
 
 The benchmark is a timing tool, but its sequence-parallel variant is code of its own (the SP
-lab's conjugate ops on the Domino lab's weights): its loss and every gradient must equal vanilla
-TP's, or its timings would be of the wrong computation.
+lab's conjugate ops on the weights of ``workbook.tp_stack``): its loss and every gradient must
+equal vanilla TP's, or its timings would be of the wrong computation.
 """
 from __future__ import annotations
 
@@ -17,17 +17,18 @@ def _sp_against_vanilla():
 
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
+    from workbook.tp_stack import TPStack
     lab, sp = load_lab("domino", "solutions"), load_lab("sp", "solutions")
     cfg = ModelConfig(hidden=64, heads=4, ffn_hidden=256, n_layers=2, seq_len=16, vocab_size=128,
                       dtype="float64", dropout=0.1)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 16, 64, generator=g, dtype=torch.float64)
     targets = torch.randint(0, 128, (4, 16), generator=g)
-    m = lab.TPStack(cfg, dist.get_rank(), dist.get_world_size())
+    m = TPStack(cfg, dist.get_rank(), dist.get_world_size())
     vanilla_loss = lab.train_step(m, x, targets, variant="vanilla_tp", step=3).item()
     vanilla = {k: t.grad.clone() for k, t in m.params.items()}
     m.zero_grad()
-    loss = bench_domino._sp_forward(lab, sp, m, x, targets, 3)
+    loss = bench_domino._sp_forward(sp, m, x, targets, 3)
     loss.backward()
     bench_domino._all_reduce_sequence_parallel_grads(m)
     worst = max(((vanilla[k] - t.grad).abs().max().item(), k) for k, t in m.params.items())

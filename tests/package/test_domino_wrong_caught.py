@@ -5,10 +5,12 @@ tests/grading/wrong/domino_*/ fails exactly the tests it should, with a message 
   on the schedule's structure (read from the link's op log), before any figure;
 * never_waits: WaitInBackward forgets to wait -> the registry names the leaked handle;
 * wrong_chunk_order: chunks joined in reverse -> the numerics tests (final hidden states);
-* early_backward_wait: no lookahead, the backward waits right after starting -> backward overlap.
+* early_backward_wait: no lookahead, the backward waits right after starting -> backward overlap;
+* schedule_ignores_lookahead: ``schedule`` prepares each unit right before its compute -> the
+  schedule tests (instant, naming the event that came too early), then backward overlap.
 
 Each folder is graded in its own pytest subprocess, one after the other: the overlap tests
-measure wall-clock time, and four graders at once on a small machine would disturb each other.
+measure wall-clock time, and several graders at once on a small machine would disturb each other.
 """
 from __future__ import annotations
 
@@ -33,6 +35,15 @@ CASES = {
         t: ["rank ", "final hidden states (chunks in batch order)", "differs", "expected"]
         for t in NUMERICS},
     "domino_early_backward_wait": {
+        "test_backward_communication_hidden": ["rank ", "backward pass", "WaitInBackward",
+                                               "at least 60%"],
+    },
+    "domino_schedule_ignores_lookahead": {
+        "test_schedule_hides_communication": [
+            "lookahead=1, inter_layer=True): event 1: compute (layer 0, attn) chunk 0 came before "
+            "prepare (layer 0, attn) chunk 1", "prepared 1 unit ahead of its compute"],
+        "test_schedule_intra_layer_only": ["inter_layer=False): event 1: compute (layer 0, attn) "
+                                           "chunk 0 came before prepare (layer 0, attn) chunk 1"],
         "test_backward_communication_hidden": ["rank ", "backward pass", "WaitInBackward",
                                                "at least 60%"],
     },
