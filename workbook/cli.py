@@ -63,17 +63,32 @@ def cmd_run(args) -> int:
 
 
 def cmd_grade(args) -> int:
+    if args.max_ranks is not None and args.max_ranks < 1:
+        raise ValueError(f"--max-ranks must be at least 1, got {args.max_ranks}")
+    for lab in args.lab or []:
+        if lab not in LABS:
+            raise ValueError(f"unknown lab {lab!r}; the labs are {', '.join(LABS)}")
+    if args.class_dir:
+        from workbook.grading.classroom import grade_class
+        if args.impl != "labs" or args.gradescope:
+            raise ValueError("--class-dir grades each student's folder: leave out --impl and "
+                             "--gradescope (the scores go to --csv)")
+        grade_class(args.class_dir, args.csv or "scores.csv", args.lab, timeout=args.student_timeout,
+                    max_ranks=args.max_ranks)
+        return 0
+    if args.csv:
+        raise ValueError("--csv is the class table: use it with --class-dir")
     cmd = [sys.executable, "-m", "pytest", "-q",
            "--impl", args.impl, "-p", "no:cacheprovider"]
     tests = repo_root() / "tests" / "grading"
-    cmd += [str(tests / f"test_{args.lab}.py")] if args.lab else [str(tests)]
+    cmd += [str(tests / f"test_{lab}.py") for lab in args.lab] if args.lab else [str(tests)]
     if args.gradescope:
         cmd += ["--gradescope", args.gradescope]
-    if args.lab and args.lab not in LABS:
-        raise ValueError(f"unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
     impl_dir(args.impl)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(repo_root())] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    if args.max_ranks is not None:
+        env["WORKBOOK_MAX_RANKS"] = str(args.max_ranks)
     return subprocess.call(cmd + args.pytest_args, cwd=repo_root(), env=env)
 
 
@@ -144,10 +159,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("grade", help="grade the labs with points",
                        description="Grade with points: one line per test, each failure once with "
                                    "its full message (-- -v for pytest's details). Exit status 0 "
-                                   "when every test passes, 1 otherwise.")
+                                   "when every test passes, 1 otherwise. With --class-dir: grade "
+                                   "every student's folder, one CSV row each (exit status 0 once "
+                                   "the CSV is written).")
     p.add_argument("--impl", default="labs", help="labs (default), solutions, or a folder")
-    p.add_argument("--lab", default=None, help=", ".join(LABS))
+    p.add_argument("--lab", action="append", default=None,
+                   help=f"{', '.join(LABS)} (repeat for several; default: all)")
     p.add_argument("--gradescope", default=None, metavar="PATH", help="write results.json here")
+    p.add_argument("--max-ranks", type=int, default=None, metavar="N",
+                   help="grade on at most N ranks (processes): world sizes above N are left "
+                        "out, a check needing more runs on its smallest size (default: "
+                        "$WORKBOOK_MAX_RANKS, else no cap)")
+    p.add_argument("--class-dir", default=None, metavar="DIR",
+                   help="grade a class: DIR holds one folder of lab files per student")
+    p.add_argument("--csv", default=None, metavar="PATH",
+                   help="with --class-dir: the scores table (default scores.csv)")
+    p.add_argument("--student-timeout", type=float, default=600.0, metavar="S",
+                   help="with --class-dir: seconds one student's grading may take (default 600)")
     p.add_argument("--strict", action="store_true",
                    help="(the default now: exit 1 unless every test passes; kept for old scripts)")
     p.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
@@ -157,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="fail if labs/ drifted from solutions/")
     p.set_defaults(func=cmd_assign)
 
-    for extra in ("workbook.trace.cli", "workbook.bench"):
+    for extra in ("workbook.trace.cli", "workbook.bench", "workbook.autograder"):
         try:
             __import__(extra, fromlist=["register"]).register(sub)
         except ImportError as exc:

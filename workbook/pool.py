@@ -38,8 +38,11 @@ from workbook.ranks import choose_backend, init_rank, set_link, threads_per_rank
 
 DEFAULT_TIMEOUT = 60.0         # seconds a run may take before it is a hang (the report, not gloo's error)
 PROCESS_GROUP_TIMEOUT_S = 3600.0   # the pool is the watchdog: gloo's own timeout never fires first
-PRELOAD = ["torch", "torch.distributed", "cloudpickle", "workbook.link", "workbook.flight",
-           "workbook.ranks"]
+# Imported once in the fork server, so that every rank shares these pages instead of importing
+# its own copy: symbolic_shapes (and sympy, 30+ MB) is what torch imports on the first
+# ``backward(gradient)`` of a rank, which most labs' checks make.
+PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "cloudpickle",
+           "workbook.link", "workbook.flight", "workbook.ranks"]
 
 
 def _rank_start_context():
@@ -97,8 +100,28 @@ def _die_with_parent() -> None:
         pass
 
 
+def release_freed_memory() -> None:
+    """Give the heap that a finished task freed back to the system (glibc keeps it otherwise:
+    a rank that once held a large model would go on holding its pages while it waits). A few
+    milliseconds; nothing where the C library is not glibc."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            import ctypes
+            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM = None
+
+
 def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_path, env):
     """The loop of a spawned rank: initialise once, then run tasks until told to stop."""
+    import gc
+    gc.freeze()     # what the fork server imported stays shared: the collector never writes to it
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the launcher's to handle
     os.environ.update(env)
@@ -137,7 +160,9 @@ def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_pat
                 fn, args, kwargs = cloudpickle.loads(payload)
                 set_link(preset, links)
                 result = fn(*args, **kwargs)
-                conn.send_bytes(pickle.dumps(("ok", task_id, result)))
+                payload = pickle.dumps(("ok", task_id, result))
+                fn = args = kwargs = result = None
+                conn.send_bytes(payload)
             except BaseException as exc:              # noqa: BLE001 - every failure goes back
                 report = _describe_error(rank, exc)
                 try:                                  # unblock peers waiting on this rank
@@ -146,6 +171,8 @@ def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_pat
                     pass
                 link.set_link(None)
                 conn.send_bytes(pickle.dumps(("err", task_id, report)))
+            payload = None
+            release_freed_memory()
     except BaseException:                             # noqa: BLE001 - start-up failed: say why
         traceback.print_exc()
         exit_code = 1
@@ -337,12 +364,23 @@ def _reraise(err: dict, world_size: int) -> BaseException:
 _POOLS: dict[tuple, RankPool] = {}
 
 
-def shared_pool(world_size: int, backend: str | None = None) -> RankPool:
-    """A pool kept for the life of this process (tests, notebooks); replaced if it broke."""
+def shared_pool(world_size: int, backend: str | None = None, *,
+                max_live: int | None = None) -> RankPool:
+    """A pool kept for the life of this process (tests, notebooks); replaced if it broke.
+
+    ``max_live``: the most rank processes this process keeps alive at once; before a new pool
+    starts, the pools used longest ago are closed until it fits (a pool starts from the fork
+    server in a fraction of a second; a small grading machine has memory for few ranks)."""
     key = (world_size, choose_backend(backend, world_size))
-    pool = _POOLS.get(key)
+    pool = _POOLS.pop(key, None)                     # re-inserted last: the most recently used
     if pool is None or not pool.alive():
-        pool = _POOLS[key] = RankPool(world_size, key[1])
+        if max_live is not None:
+            for old in list(_POOLS):
+                if sum(k[0] for k in _POOLS) + world_size <= max_live:
+                    break
+                _POOLS.pop(old).close()
+        pool = RankPool(world_size, key[1])
+    _POOLS[key] = pool
     return pool
 
 

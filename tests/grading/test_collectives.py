@@ -177,7 +177,7 @@ def _check_pattern(name: str, *, rooted: str | None = None, tree: bool = False) 
     with the root (naive) or at most ceil(log2 n) rounds (tree). Graded only once the
     results are right."""
     numbers_first(lambda: _check_values(name), f"{name}_matches_builtin")
-    for n in world_sizes(*WORLD_SIZES):
+    for n in world_sizes(*WORLD_SIZES, needs=(4,) if tree else ()):   # log2 rounds: 4 ranks
         per_rank = _results(name, n)
         for index in range(len(per_rank[0])):
             cases = [per_rank[r][index] for r in range(n)]

@@ -27,6 +27,7 @@ import itertools
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,22 +48,75 @@ class _State:
     before_report: object = None        # called before a torchrun hang report (prints progress)
     tmpdir: str = ""                    # this run's scratch folder (a torchrun exit removes it)
     cache: dict = field(default_factory=dict)
+    deadline: float | None = None       # a per-test time limit: time.monotonic() by which the test
+                                        # ends (the autograder's workbook.grading.limits sets it)
 
 
 STATE = _State()
 
 
 # --------------------------------------------------------------------------- for the tests
-def world_sizes(*sizes: int) -> tuple[int, ...]:
-    """The world sizes a check runs on: all of ``sizes`` when grading; in a self-check on N
-    ranks only N when ``sizes`` holds it (a pool can still run the others; a torchrun job of
-    N ranks cannot, and the check is skipped)."""
+ENV_MAX_RANKS = "WORKBOOK_MAX_RANKS"
+
+
+def max_ranks() -> int | None:
+    """The most ranks grading uses (``$WORKBOOK_MAX_RANKS``, ``workbook grade --max-ranks``), or
+    None for no cap. A small grading machine (Gradescope's default has half a vCPU and 768 MB)
+    sets it: each rank is a process holding torch. Under a cap of N, ``world_sizes`` drops the
+    sizes above N (with the exceptions it lists) and at most N + 1 ranks are alive at once
+    (pools of N and of 1, which most checks alternate between; a check that needs more ranks
+    than that closes the others). A cap of 1 grades on 1 and 2 ranks, one pool at a time."""
+    value = os.environ.get(ENV_MAX_RANKS, "").strip()
+    if not value:
+        return None
+    try:
+        cap = int(value)
+    except ValueError:
+        raise ValueError(f"{ENV_MAX_RANKS} must be a whole number of ranks, got {value!r}") from None
+    if cap < 1:
+        raise ValueError(f"{ENV_MAX_RANKS} must be at least 1, got {cap}")
+    return cap
+
+
+def _requested(sizes: tuple[int, ...]) -> tuple[int, ...]:
     n = STATE.nproc
     if n is None or n in sizes:
         return sizes if n is None else (n,)
     if STATE.job is not None:
         raise Skipped(f"runs on {' or '.join(map(str, sizes))} ranks; this job has {n}")
     return sizes
+
+
+def world_sizes(*sizes: int, needs: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The world sizes a check runs on: all of ``sizes`` when grading; in a self-check on N
+    ranks only N when ``sizes`` holds it (a pool can still run the others; a torchrun job of
+    N ranks cannot, and the check is skipped).
+
+    Under a rank cap (``max_ranks()``; a self-check's own ``--nproc`` is not capped) the sizes
+    above it are dropped, so that the verdict stays the one a full grading gives:
+
+    * when every size is above the cap, the smallest still runs: a check never vanishes;
+    * a check on several ranks keeps its smallest size above 1 (under a cap of 1): one rank
+      alone cannot show a communication mistake;
+    * ``needs``: sizes the check cannot tell right from wrong without (a chain and a binomial
+      tree take the same number of rounds on up to 3 ranks) are kept whatever the cap."""
+    chosen = _requested(sizes)
+    cap = max_ranks()
+    if cap is None or STATE.job is not None or chosen == (STATE.nproc,):
+        return chosen
+    kept = [s for s in chosen if s <= cap or s in needs]
+    several = [s for s in chosen if s > 1]
+    if several and not any(s > 1 for s in kept):
+        kept.append(min(several))
+    return tuple(sorted(kept)) or (min(chosen),)
+
+
+def graded_size(n: int, *sizes: int) -> int:
+    """For a test parametrised by world size ``n`` (one of ``sizes``): ``n``, or, when a rank cap
+    drops ``n``, the largest size the cap keeps. The test still runs and is worth its points
+    (its verdict is the one the kept size gives), so a total never depends on the machine."""
+    kept = world_sizes(*sizes)
+    return n if n in kept else max(kept)
 
 
 def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=None, **kwargs):
@@ -82,11 +136,18 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
     timeout = STATE.timeout or timeout
     try:
         if STATE.job is not None:
-            value = STATE.job.run(n, fn, args, kwargs, link=link, timeout=timeout)
+            value = STATE.job.run(n, fn, args, kwargs, link=link, timeout=_within_deadline(timeout))
         else:
             from workbook.launch import shared_pool
-            value = shared_pool(n).run(_in_impl, os.environ.get(ENV_IMPL), fn, *args, link=link,
-                                       timeout=timeout, **kwargs)
+            from workbook.pool import release_freed_memory
+            release_freed_memory()                  # what the last judge freed, before ranks run
+            started = time.monotonic()
+            cap = max_ranks()                       # under a cap, few ranks live at once
+            pool = shared_pool(n, max_live=None if cap is None else max(cap + 1, n))
+            if STATE.deadline is not None:          # starting ranks is not the test's own time
+                STATE.deadline += time.monotonic() - started
+            value = pool.run(_in_impl, os.environ.get(ENV_IMPL), fn, *args, link=link,
+                             timeout=_within_deadline(timeout), **kwargs)
     except Exception as exc:                     # noqa: BLE001 - replayed to every reader
         if full_key is not None:
             STATE.cache[full_key] = (False, exc)
@@ -94,6 +155,18 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
     if full_key is not None:
         STATE.cache[full_key] = (True, value)
     return value
+
+
+def _within_deadline(timeout: float) -> float:
+    """``timeout``, cut to what is left of the test's time limit (``STATE.deadline``), so that a
+    hang under the autograder ends in the per-rank report inside that limit."""
+    if STATE.deadline is None:
+        return timeout
+    left = round(STATE.deadline - time.monotonic(), 1)
+    if left <= 0:
+        from workbook.pool import RanksTimedOut
+        raise RanksTimedOut("this test's time limit was spent before its next run on ranks began")
+    return min(timeout, left)
 
 
 def _in_impl(impl, fn, *args, **kwargs):
@@ -283,7 +356,7 @@ def run_checks(lab: str, *, nproc: int | None = None, timeout: float | None = No
 def _run_one(check: Check, kwargs: dict) -> Verdict:
     STATE.current = check.name
     try:
-        if check.sizes and kwargs["n"] not in world_sizes(*check.sizes):
+        if check.sizes and kwargs["n"] not in _requested(check.sizes):
             raise Skipped(f"this self-check runs on {STATE.nproc} ranks")
         check.fn(**kwargs)
     except KeyboardInterrupt:

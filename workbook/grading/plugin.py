@@ -1,6 +1,8 @@
 """The grader as a pytest plugin: points, the implementation under test, a score table, Gradescope.
 
 * ``@pytest.mark.points(3)``: a test is worth 3 points, all or nothing;
+  ``@pytest.mark.points(3, visibility="hidden")``: when Gradescope shows it to the student
+  (``visible``, the default; ``hidden``, ``after_due_date``, ``after_published``);
 * ``--impl labs|solutions|FOLDER``: whose lab files are graded (labs by default);
 * at the end, a table of every graded test with its points, and the total;
 * ``--gradescope results.json``: the same in Gradescope's autograder format (a test that errors
@@ -23,6 +25,7 @@ from workbook.grading.engine import verdict_for
 from workbook.grading.labs import ENV_IMPL, use_impl
 
 _RESULTS_KEY = pytest.StashKey[dict]()
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")     # Gradescope's
 
 
 def pytest_addoption(parser):
@@ -34,13 +37,35 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "points(n): the test is worth n points (all or nothing)")
+    config.addinivalue_line("markers", "points(n, visibility='visible'): the test is worth n "
+                                       "points (all or nothing); visibility: when Gradescope "
+                                       f"shows it ({', '.join(VISIBILITIES)})")
     config.addinivalue_line("markers", "tasks(*names): the lab functions/classes the test grades; "
                                        "its points are split among them in the lab's task list "
                                        "(read by `workbook assign`)")
     impl = config.getoption("--impl") or os.environ.get(ENV_IMPL) or "labs"
     use_impl(impl)
     config.stash[_RESULTS_KEY] = {}
+
+
+def grading_mark(item) -> tuple[float, str] | None:
+    """``(points, visibility)`` of a graded test, None for an ungraded one; a visibility that
+    Gradescope does not know is a usage error naming the test."""
+    marker = item.get_closest_marker("points")
+    if marker is None:
+        return None
+    visibility = marker.kwargs.get("visibility", "visible")
+    if visibility not in VISIBILITIES:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.points(..., "
+                                f"visibility={visibility!r}): visibility must be one of "
+                                f"{', '.join(VISIBILITIES)}")
+    return (float(marker.args[0]) if marker.args else 1.0), visibility
+
+
+def graded_results(config) -> dict:
+    """``{nodeid: {name, max_score, score, status, output, visibility}}``: the tests graded so
+    far."""
+    return config.stash.get(_RESULTS_KEY, {})
 
 
 def _label(item) -> str:
@@ -52,7 +77,8 @@ def _label(item) -> str:
 def pytest_collection_modifyitems(session, config, items):
     """A grading run prints each failure once, as its message: in the score table (pytest's own
     failure section and short summary are turned off unless ``-v`` asks for the details)."""
-    if config.option.verbose > 0 or not any(i.get_closest_marker("points") for i in items):
+    marks = [grading_mark(i) for i in items]           # a bad visibility stops the run here
+    if config.option.verbose > 0 or not any(marks):
         return
     config.option.tbstyle = "no"
     reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -64,13 +90,14 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    marker = item.get_closest_marker("points")
-    if marker is None:
+    mark = grading_mark(item)
+    if mark is None:
         return
-    points = float(marker.args[0]) if marker.args else 1.0
+    points, visibility = mark
     results = item.config.stash[_RESULTS_KEY]
     entry = results.setdefault(item.nodeid, {"name": _label(item), "max_score": points,
-                                             "score": points, "status": "passed", "output": ""})
+                                             "score": points, "status": "passed", "output": "",
+                                             "visibility": visibility})
     if not (report.failed or (report.skipped and report.when != "teardown")):
         return
     if report.skipped:
@@ -94,7 +121,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     width = max(len(r["name"]) for r in results.values())
     shown: dict[str, str] = {}
     for r in results.values():
-        mark = "" if r["status"] == "passed" else "  FAILED"
+        mark = ("" if r["status"] == "passed" else "  FAILED") + (
+            "" if r["visibility"] == "visible" else f"  ({r['visibility']})")
         tr.write_line(f"{r['name']:<{width}}  {r['score']:>5g} / {r['max_score']:<4g}{mark}")
         if r["status"] == "passed":
             continue
@@ -113,5 +141,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         Path(path).write_text(json.dumps({
             "score": score, "max_score": total,
             "tests": [{k: r[k] for k in ("name", "score", "max_score", "status", "output")}
+                      | ({} if r["visibility"] == "visible" else {"visibility": r["visibility"]})
                       for r in results.values()]}, indent=2))
         tr.write_line(f"gradescope results written to {path}")

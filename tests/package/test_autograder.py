@@ -1,0 +1,236 @@
+"""The Gradescope autograder zip, run the way Gradescope runs it, on four kinds of submission.
+
+The zip is built once (two small labs, plus a hidden instructor test), unpacked into a temporary
+``/autograder`` (``$AUTOGRADER_ROOT``) and its ``run_autograder`` run with this venv's Python
+(``$WORKBOOK_AUTOGRADER_PYTHON``: no ``setup.sh``). Every ``results.json`` is checked against
+Gradescope's format.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from workbook.autograder import RESERVE_S
+from workbook.grading.labs import repo_root
+
+LABS = ("ring_allreduce", "overlap_math")
+HIDDEN_TEST = textwrap.dedent('''
+    import pytest
+    from workbook.grading import load_lab
+
+    @pytest.mark.points(2, visibility="hidden")
+    def test_linear_flops_of_a_square_matmul():
+        assert load_lab("overlap_math").linear_flops(5, 6, 6) == 360
+''')
+HANG = textwrap.dedent('''
+
+    def ring_all_reduce(tensor, op=SUM):
+        """Waits for a message its left neighbour never sends."""
+        left, _ = neighbours()
+        if dist.get_world_size() > 1:
+            dist.recv(torch.empty(1, dtype=tensor.dtype), src=left)
+        return tensor
+''')
+
+# Gradescope's results.json (gradescope-autograders.readthedocs.io, "Autograder Specifications")
+TOP_KEYS = {"score", "execution_time", "output", "output_format", "test_output_format",
+            "test_name_format", "visibility", "stdout_visibility", "extra_data", "tests",
+            "leaderboard"}
+TEST_KEYS = {"score", "max_score", "status", "name", "name_format", "number", "output",
+             "output_format", "tags", "visibility", "extra_data"}
+VISIBILITIES = {"visible", "hidden", "after_due_date", "after_published"}
+
+
+def assert_gradescope_format(res: dict) -> None:
+    assert isinstance(res, dict) and set(res) <= TOP_KEYS, set(res) - TOP_KEYS
+    assert {"score", "execution_time", "output", "tests"} <= set(res)
+    assert isinstance(res["score"], (int, float)) and not isinstance(res["score"], bool)
+    assert isinstance(res["execution_time"], int) and res["execution_time"] >= 0
+    assert isinstance(res["output"], str) and isinstance(res["tests"], list)
+    for t in res["tests"]:
+        assert set(t) <= TEST_KEYS, set(t) - TEST_KEYS
+        assert {"name", "score", "max_score", "status", "output", "visibility"} <= set(t), t
+        assert isinstance(t["name"], str) and isinstance(t["output"], str)
+        assert all(isinstance(t[k], (int, float)) for k in ("score", "max_score"))
+        assert 0 <= t["score"] <= t["max_score"], t
+        assert t["status"] in ("passed", "failed") and t["visibility"] in VISIBILITIES, t
+        assert "Traceback" not in t["output"], t["output"]
+    assert res["score"] == pytest.approx(sum(t["score"] for t in res["tests"]))
+    assert "Traceback" not in res["output"]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("bundle")
+    (tmp / "extra").mkdir()
+    (tmp / "extra" / "test_overlap_math_hidden.py").write_text(HIDDEN_TEST)
+    zip_path = tmp / "autograder.zip"
+    out = subprocess.run([sys.executable, "-m", "workbook.cli", "autograder", "build",
+                          *(a for lab in LABS for a in ("--lab", lab)),
+                          "--extra-tests", str(tmp / "extra"), "-o", str(zip_path)],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    return zip_path
+
+
+def run_autograder(bundle: Path, root: Path, submission: dict, python=sys.executable,
+                   **config) -> dict:
+    """Unpack ``bundle`` as Gradescope does, submit ``{name: text}``, run, read results.json."""
+    with zipfile.ZipFile(bundle) as zf:
+        zf.extractall(root / "source")
+        for info in zf.infolist():                       # unzip keeps the mode; zipfile does not
+            os.chmod(root / "source" / info.filename, (info.external_attr >> 16) & 0o777)
+    shutil.copy2(root / "source" / "run_autograder", root / "run_autograder")
+    cfg_path = root / "source" / "autograder.json"
+    cfg_path.write_text(json.dumps(dict(json.loads(cfg_path.read_text()), **config)))
+    for name, text in submission.items():
+        (root / "submission" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "submission" / name).write_text(text)
+    (root / "submission").mkdir(exist_ok=True)
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), WORKBOOK_AUTOGRADER_PYTHON=str(python))
+    out = subprocess.run([str(root / "run_autograder")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    res = json.loads((root / "results" / "results.json").read_text())
+    assert_gradescope_format(res)
+    return res
+
+
+def by_name(res: dict) -> dict:
+    return {t["name"]: t for t in res["tests"]}
+
+
+def source(folder: str, lab: str) -> str:
+    return (repo_root() / folder / f"{lab}.py").read_text()
+
+
+def test_the_zip_holds_what_gradescope_needs(bundle):
+    with zipfile.ZipFile(bundle) as zf:
+        names = zf.namelist()
+        modes = {i.filename: i.external_attr >> 16 for i in zf.infolist()}
+        setup = zf.read("setup.sh").decode()
+        config = json.loads(zf.read("autograder.json"))
+    wheel = next(n for n in names if n.startswith("dist/") and n.endswith(".whl"))
+    from importlib import metadata
+    torch_version = metadata.version("torch").split("+")[0]
+    assert f'"torch=={torch_version}"' in setup and f'"./{wheel}"' in setup
+    assert "--index-url https://download.pytorch.org/whl/cpu" in setup
+    assert "--extra-index-url https://pypi.org/simple" in setup
+    assert wheel.split("-")[1] == config["workbook_version"]
+    assert config["labs"] == list(LABS) and config["torch_version"] == torch_version
+    assert config["max_ranks"] == "auto"
+    assert modes["setup.sh"] & stat.S_IXUSR and modes["run_autograder"] & stat.S_IXUSR
+    assert {"tests/grading/test_ring_allreduce.py", "tests/grading/test_overlap_math.py",
+            "tests/extra/test_overlap_math_hidden.py"} <= set(names)
+    assert not any("wrong" in n or n.startswith(("solutions", "labs/", "tests/package"))
+                   or "test_tp" in n for n in names)
+    with zipfile.ZipFile(bundle) as zf, zipfile.ZipFile(zf.open(wheel)) as whl:
+        inside = whl.namelist()
+    assert "workbook/autograder/run.py" in inside and "workbook/grading/limits.py" in inside
+    for script in ("setup.sh", "run_autograder"):
+        with zipfile.ZipFile(bundle) as zf:
+            text = zf.read(script).decode()
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_solutions_score_full_marks(bundle, tmp_path):
+    res = run_autograder(bundle, tmp_path, {f"{lab}.py": source("solutions", lab) for lab in LABS})
+    tests = by_name(res)
+    assert res["score"] == sum(t["max_score"] for t in res["tests"]) > 0
+    assert all(t["status"] == "passed" for t in res["tests"])
+    hidden = tests["overlap_math_hidden::linear_flops_of_a_square_matmul"]
+    assert hidden["visibility"] == "hidden" and hidden["score"] == 2
+    assert {t["visibility"] for t in res["tests"]} == {"visible", "hidden"}
+    assert "graded: ring_allreduce.py, overlap_math.py" in res["output"]
+
+
+def test_stubs_score_zero_with_not_implemented_yet(bundle, tmp_path):
+    res = run_autograder(bundle, tmp_path, {f"{lab}.py": source("labs", lab) for lab in LABS})
+    assert res["score"] == 0 and len(res["tests"]) == 12
+    for t in res["tests"]:
+        assert "not implemented yet" in t["output"], t
+
+
+def test_a_missing_or_misnamed_file_is_a_clear_message(bundle, tmp_path):
+    res = run_autograder(bundle, tmp_path, {"overlap-math.py": source("solutions", "overlap_math"),
+                                            "notes.txt": "my notes"})
+    assert res["score"] == 0
+    for t in res["tests"]:
+        if t["name"].startswith("ring_allreduce::"):
+            assert t["output"] == "file ring_allreduce.py was not submitted"
+        else:
+            assert t["output"].startswith("file overlap_math.py was not submitted; found "
+                                          "overlap-math.py: name it overlap_math.py"), t
+    assert "missing: file ring_allreduce.py was not submitted" in res["output"]
+    assert "ignored" in res["output"] and "notes.txt" in res["output"]
+
+
+def test_a_hang_scores_zero_with_its_report_and_the_rest_is_graded(bundle, tmp_path):
+    hanging = source("solutions", "ring_allreduce") + HANG
+    res = run_autograder(bundle, tmp_path, {"labs/ring_allreduce.py": hanging,
+                                            "overlap_math.py": source("solutions", "overlap_math")},
+                         test_timeout_s=15)
+    tests = by_name(res)
+    hung = tests["ring_allreduce::ring_all_reduce_matches_builtin"]
+    assert hung["score"] == 0
+    assert "the ranks did not finish within" in hung["output"]                 # the hang report
+    for rank in (0, 1):
+        assert f"rank {rank}: waiting in recv" in hung["output"]
+    assert tests["ring_allreduce::ring_all_reduce_pattern"]["score"] == 0     # reads that run
+    others = [t for name, t in tests.items() if "ring_all_reduce_" not in name]
+    assert len(others) == 10 and all(t["score"] == t["max_score"] for t in others), others
+    assert "graded: labs/ring_allreduce.py, overlap_math.py" in res["output"]
+
+
+def test_tests_past_the_time_budget_score_zero_not_run(bundle, tmp_path):
+    res = run_autograder(bundle, tmp_path, {f"{lab}.py": source("solutions", lab) for lab in LABS},
+                         time_budget_s=RESERVE_S)
+    assert res["score"] == 0 and len(res["tests"]) == 12
+    assert all(t["output"] == "not run: the time budget was spent" for t in res["tests"])
+    assert "12 test(s) were not run: the time budget was spent." in res["output"]
+
+
+def test_results_are_written_even_when_the_grader_cannot_run(bundle, tmp_path):
+    res = run_autograder(bundle, tmp_path / "a", {}, python="/bin/false")
+    assert res["score"] == 0 and "Your instructor can see why" in res["output"]
+    res = run_autograder(bundle, tmp_path / "b", {"x.py": ""}, labs=None)     # a broken config
+    assert res["score"] == 0 and "Your instructor can see why" in res["output"]
+
+
+def test_build_refuses_what_would_break_on_gradescope(tmp_path):
+    bad = tmp_path / "extra"
+    bad.mkdir()
+    (bad / "test_mine.py").write_text("import pytest\n\n@pytest.mark.points(1, visibility='hiden')"
+                                      "\ndef test_x():\n    pass\n")
+    cli = [sys.executable, "-m", "workbook.cli", "autograder", "build",
+           "-o", str(tmp_path / "z.zip")]
+    out = subprocess.run(cli + ["--lab", "overlap_math", "--extra-tests", str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "test_mine.py:3: visibility must be one of" in out.stderr
+    out = subprocess.run(cli + ["--lab", "telepathy"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown lab 'telepathy'" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "z.zip").exists()
+    # the plugin refuses it too, with the test's name, when such a file is run directly
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(bad)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert out.returncode == 4
+    assert "test_mine.py::test_x: @pytest.mark.points(..., visibility='hiden')" in out.stderr
+
+
+def test_rank_cap_follows_the_machine():
+    """``max_ranks: auto`` grades with fewer ranks on a small machine (Gradescope's default has
+    768 MB); a number in autograder.json is used as it is."""
+    from workbook.autograder.run import rank_cap
+    assert rank_cap("auto", memory_bytes=768 * 2**20) == 1
+    assert rank_cap("auto", memory_bytes=3 * 2**30) == 2
+    assert rank_cap("auto", memory_bytes=16 * 2**30) is None
+    assert rank_cap(3) == 3
