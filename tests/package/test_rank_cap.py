@@ -45,6 +45,13 @@ def test_world_sizes_under_a_cap(cap, value, expected):
     assert engine.world_sizes(1) == (1,)
 
 
+@pytest.mark.parametrize("value, live", [(None, [None] * 4), (1, [3, 3, 3, 4]), (2, [3, 3, 3, 4]),
+                                         (3, [6] * 4), (4, [10] * 4)])
+def test_the_pools_up_to_the_cap_stay_warm(cap, value, live):
+    cap(value)
+    assert [engine._live_ranks(n) for n in (1, 2, 3, 4)] == live
+
+
 def test_a_self_checks_own_size_is_not_capped(cap):
     cap(2)
     engine.STATE.nproc = 4

@@ -63,9 +63,9 @@ def max_ranks() -> int | None:
     """The most ranks grading uses (``$WORKBOOK_MAX_RANKS``, ``workbook grade --max-ranks``), or
     None for no cap. A small grading machine (Gradescope's default has half a vCPU and 768 MB)
     sets it: each rank is a process holding torch. Under a cap of N, ``world_sizes`` drops the
-    sizes above N (with the exceptions it lists) and at most N + 1 ranks are alive at once
-    (pools of N and of 1, which most checks alternate between; a check that needs more ranks
-    than that closes the others). A cap of 1 grades on 1 and 2 ranks, one pool at a time."""
+    sizes above N (with the exceptions it lists), and only the pools of sizes up to N stay
+    alive (``_live_ranks``). A cap of 1 grades like a cap of 2: one rank alone cannot show a
+    communication mistake."""
     value = os.environ.get(ENV_MAX_RANKS, "").strip()
     if not value:
         return None
@@ -142,8 +142,7 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
             from workbook.pool import release_freed_memory
             release_freed_memory()                  # what the last judge freed, before ranks run
             started = time.monotonic()
-            cap = max_ranks()                       # under a cap, few ranks live at once
-            pool = shared_pool(n, max_live=None if cap is None else max(cap + 1, n))
+            pool = shared_pool(n, max_live=_live_ranks(n))
             if STATE.deadline is not None:          # starting ranks is not the test's own time
                 STATE.deadline += time.monotonic() - started
             value = pool.run(_in_impl, os.environ.get(ENV_IMPL), fn, *args, link=link,
@@ -155,6 +154,17 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
     if full_key is not None:
         STATE.cache[full_key] = (True, value)
     return value
+
+
+def _live_ranks(n: int) -> int | None:
+    """Under a rank cap N, the most ranks alive at once: the pools of every size up to N stay
+    warm (1 + 2 + ... + N ranks; a cap of 1 keeps 1 and 2, as it grades on both), and a check
+    that needs a larger pool closes the pools used longest ago first. None: no cap, no limit."""
+    cap = max_ranks()
+    if cap is None:
+        return None
+    cap = max(cap, 2)
+    return max(cap * (cap + 1) // 2, n)
 
 
 def _within_deadline(timeout: float) -> float:
