@@ -39,9 +39,9 @@ def block_case(sequence_parallel: bool = False):
     return cfg, x, dy
 
 
-def where_measured(link_label) -> str:
-    """How a figure was taken: the simulated link, labelled so, or plain gloo."""
-    return link_label.replace("simulated", "SIMULATED", 1) if link_label else "gloo"
+def where_measured(link_label, without: str = "gloo") -> str:
+    """How a figure was taken: the simulated link, labelled so, or ``without`` (plain gloo)."""
+    return link_label.replace("simulated", "SIMULATED", 1) if link_label else without
 
 
 PHASE_TIMES_HEADER = f"{'wall ms':>9}{'comm ms':>9}{'compute ms':>11}"

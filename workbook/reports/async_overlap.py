@@ -93,7 +93,8 @@ def describe(results: list[dict]) -> str:
     first = results[0]
     ms = {k: max(r["ms"][k] for r in results) for k in first["ms"]}   # the slowest rank
     comm, comp = first["comm_ms"], first["compute_ms"]
-    where = first["link"].replace("simulated", "SIMULATED", 1) if first["link"] else "gloo, no link model"
+    from workbook.reports import where_measured
+    where = where_measured(first["link"], without="gloo, no link model")
     lines = [f"async overlap figures: {len(results)} ranks, {where}",
              f"all-reduce of {4 * ELEMENTS >> 10} KiB: modelled {comm:.1f} ms; compute per piece "
              f"{comp:.1f} ms",

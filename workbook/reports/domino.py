@@ -95,11 +95,12 @@ def _pct(results, key, with_skew: bool) -> str:
 
 
 def describe(results: list[dict]) -> str:
+    from workbook.reports import where_measured
     first = results[0]
     slow = {v: max(r["step_ms"][v] for r in results) for v in STEPS_NAMED}
     lines = [f"domino figures: {len(results)} ranks, GPT hidden {HIDDEN}, 2 layers, batch "
              f"{BATCH} x {SEQ}, fp32, Domino p={P}; "
-             + first["link"].replace("simulated", "SIMULATED", 1),
+             + where_measured(first["link"]),
              f"{'':<12}{'step ms':>9}{'fwd hidden (HTA)':>18}{'fwd w/o skew':>14}"
              f"{'bwd hidden (HTA)':>18}{'bwd w/o skew':>14}"]
     for v, name in STEPS_NAMED.items():
