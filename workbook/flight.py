@@ -108,6 +108,13 @@ class FlightRecorder:
             original = getattr(dist, name, None)
             if original is not None:
                 setattr(dist, name, self._wrap(name, original))
+        # dist.P2POp(dist.isend, ...) checks ``op in [isend, irecv]`` against c10d's own names,
+        # and batch_isend_irecv tells sends from receives by identity: c10d must see the same
+        # wrapped functions as learners do
+        from torch.distributed import distributed_c10d as c10d
+        for name in ("isend", "irecv"):
+            if hasattr(c10d, name):
+                setattr(c10d, name, getattr(dist, name))
         self._installed = True
 
     def _wrap(self, name, original):

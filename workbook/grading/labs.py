@@ -15,7 +15,8 @@ from pathlib import Path
 
 ENV_IMPL = "WORKBOOK_IMPL"
 ENV_ROOT = "WORKBOOK_ROOT"
-LABS = ["collectives", "ring_allreduce", "async_overlap", "tp", "sp", "domino", "overlap_math"]
+LABS = ["collectives", "ring_allreduce", "async_overlap", "tp", "sp", "domino", "overlap_math",
+        "tp_overlap"]
 
 
 def repo_root() -> Path:
