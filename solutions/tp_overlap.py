@@ -113,7 +113,7 @@ def ring_matmul_reduce_scatter(a: torch.Tensor, weight: torch.Tensor) -> torch.T
 
 
 def chunked_matmul_reduce_scatter(a: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.Tensor:
-    """GEMM + reduce-scatter in ``chunks`` pieces: piece c holds positions ``c*q .. (c+1)*q``
+    """GEMM + reduce-scatter in ``chunks`` pieces: piece c holds positions ``c*q`` to ``(c+1)*q``
     of *every* shard (q = S/n/chunks), so its reduce-scatter gives this rank piece c of its own
     shard. Each piece's reduce-scatter travels during the next piece's GEMM; the last one is
     exposed. Returns ``[B, S/n, out]``."""

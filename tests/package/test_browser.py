@@ -4,8 +4,10 @@ The test starts JupyterLab on 127.0.0.1 (a free port, a token, ``--no-browser``)
 temporary copy of ``lessons/`` (so autosave cannot touch the committed notebooks), drives
 Debian's Chromium through its chromedriver with the W3C WebDriver protocol (plain HTTP, no extra
 Python package), opens a lesson, runs every cell, and checks that the kernel reported no error,
-that a plotly figure was drawn and that an ipywidgets control was drawn. A screenshot is kept in
-``tests/artifacts/``. JupyterLab, its kernel and Chromium are stopped at the end, pass or fail.
+that a plotly figure was drawn and that an ipywidgets control was drawn. Two lessons run: the
+first one (collectives on ranks) and lesson 8 (profiler traces, a benchmark, a widget panel).
+A screenshot per lesson is kept in ``tests/artifacts/``. JupyterLab, its kernel and Chromium
+are stopped at the end, pass or fail.
 
 Skipped where no Chromium or chromedriver is installed (CI installs Debian's ``chromium`` and
 ``chromium-driver``).
@@ -30,7 +32,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
-LESSON = "01_collectives.ipynb"
+LESSONS = ["01_collectives.ipynb", "08_tp_overlap.ipynb"]
 CHROMIUM = shutil.which("chromium") or (
     "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 CHROMEDRIVER = shutil.which("chromedriver") or (
@@ -147,14 +149,15 @@ return {status: kernel ? kernel.status : 'none', code: code, done: done, errors:
 """
 
 
-def test_lesson_runs_in_chromium(tmp_path):
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda name: name.split("_")[0])
+def test_lesson_runs_in_chromium(tmp_path, lesson):
     work = tmp_path / "lessons"
     shutil.copytree(ROOT / "lessons", work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, WORKBOOK_LESSONS_NO_GRADE="1", JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
                JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / f"browser_{Path(LESSON).stem}.png"
+    shot = ARTIFACTS / f"browser_{Path(lesson).stem}.png"
     lab = driver_proc = driver = None
     log = open(tmp_path / "jupyterlab.log", "w")
     try:
@@ -176,7 +179,7 @@ def test_lesson_runs_in_chromium(tmp_path):
         _wait_until("chromedriver",
                     lambda: _http("GET", f"{dbase}/status", timeout=5)["value"]["ready"], 30)
         driver = WebDriver(dbase, str(tmp_path / "chromium-profile"))
-        driver.get(f"{base}/lab/tree/{LESSON}?token={token}")
+        driver.get(f"{base}/lab/tree/{lesson}?token={token}")
         _wait_until("the notebook and its kernel", lambda: (driver.js(STATE_JS) or {}).get("status")
                     == "idle", 120)
         driver.js("window.jupyterapp.commands.execute('notebook:run-all-cells'); return true;")
@@ -196,9 +199,9 @@ def test_lesson_runs_in_chromium(tmp_path):
                   "if (w) w.scrollIntoView({block: 'start'}); return true;")   # controls + figure
         time.sleep(1.0)
         driver.screenshot(shot)
-        assert not state["errors"], f"{LESSON} raised in the browser: {state['errors']}"
-        assert state["plots"] > 0, f"no plotly figure rendered in {LESSON}: {state}"
-        assert state["widgets"] > 0, f"no ipywidgets control rendered in {LESSON}: {state}"
+        assert not state["errors"], f"{lesson} raised in the browser: {state['errors']}"
+        assert state["plots"] > 0, f"no plotly figure rendered in {lesson}: {state}"
+        assert state["widgets"] > 0, f"no ipywidgets control rendered in {lesson}: {state}"
         assert shot.stat().st_size > 10_000, f"screenshot {shot} looks empty"
     finally:
         if driver is not None:

@@ -121,10 +121,12 @@ def run_every_part(lab, run_ops, parts: dict, skip=lambda part, tag: False) -> d
     return res
 
 
-def run_traced_block(lab_name: str, trace_dir: str, block_class: str, layout=None) -> dict:
+def run_traced_block(lab_name: str, trace_dir: str, block_class: str, layout=None,
+                     variant: str | None = None) -> dict:
     """On every rank: one block of the lab inside a profiler trace, each phase in a
     ``record_function`` range -- forward, backward and, when the lab has one, the gradient sync
-    of sequence-parallel parameters. ``layout``: the piece of ``[B, S, H]`` a rank feeds it.
+    of sequence-parallel parameters. ``layout``: the piece of ``[B, S, H]`` a rank feeds it;
+    ``variant``: a key of the lab's ``VARIANTS``, passed to the block (tp_overlap).
     Returns the collectives per phase from the trace and from the flight recorder."""
     from pathlib import Path
 
@@ -143,7 +145,8 @@ def run_traced_block(lab_name: str, trace_dir: str, block_class: str, layout=Non
     dy = cut(randn(lab_name, shape, cfg.torch_dtype, "trace", "dy"), layout, rank, n).to(dev)
     calls = {}
     try:
-        block = getattr(lab, block_class)(cfg, 0, dev)
+        extra = () if variant is None else (lab.VARIANTS[variant],)
+        block = getattr(lab, block_class)(cfg, 0, dev, *extra)
         steps = {"forward": lambda _: block(x.requires_grad_(), step=1),
                  "backward": lambda y: y.backward(dy)}
         if hasattr(lab, "sync_sequence_parallel_grads"):

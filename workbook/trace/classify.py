@@ -139,7 +139,12 @@ def classify(trace: Trace) -> np.ndarray:
 
 
 def _demote_backend_internals(trace: Trace, kinds: np.ndarray) -> None:
-    """Mark the operators that start inside a ``gloo:*`` span of their own thread as OTHER."""
+    """On gloo's own threads, mark the operators that start inside a ``gloo:*`` span as OTHER.
+
+    A thread is gloo's own when every operator on it starts inside one of its gloo spans (the
+    ``pt_gloo_runloop`` of a collective). Point-to-point ops (``isend``/``irecv``) record their
+    ``gloo:send``/``gloo:recv`` span on the *calling* thread, from issue until done: the compute
+    and the waits that thread runs meanwhile are the rank's own, and stay as they are."""
     is_gloo = np.array([n.startswith("gloo:") for n in trace.names] or [False], bool)[trace.name_id]
     if not is_gloo.any():
         return
@@ -151,7 +156,8 @@ def _demote_backend_internals(trace: Trace, kinds: np.ndarray) -> None:
         k = np.searchsorted(starts, trace.ts[ops], side="right") - 1
         inside = k >= 0
         inside[inside] = trace.ts[ops[inside]] < ends[k[inside]]
-        kinds[ops[inside]] = OTHER
+        if inside.all():
+            kinds[ops] = OTHER
 
 
 def _demote_wrapping_ranges(trace: Trace, kinds: np.ndarray) -> None:

@@ -1,0 +1,25 @@
+"""WRONG ON PURPOSE (tp_overlap_ring_sends_own_shard): every ring step passes on this rank's own
+shard instead of the one it holds, so from 3 ranks on a shard arrives twice and another never."""
+from workbook.grading.labs import run_reference_in
+
+run_reference_in(globals(), "tp_overlap")
+
+
+def ring_all_gather_matmul(x, weight):
+    n, r, s = tp_world_size(), tp_rank(), x.shape[1]                          # noqa: F821
+    y = x.new_empty(x.shape[0], n * s, weight.shape[0])
+    x_full = x.new_empty(x.shape[0], n * s, x.shape[2])
+    shard = x.contiguous()
+    for k in range(n):
+        src = (r - k) % n
+        if k < n - 1:
+            nxt = torch.empty_like(shard)                                     # noqa: F821
+            works = exchange(x.contiguous(), nxt)     # noqa: F821 WRONG: always its own shard
+        rows = slice(src * s, (src + 1) * s)
+        y[:, rows] = shard @ weight.T
+        x_full[:, rows] = shard
+        if k < n - 1:
+            for w in works:
+                w.wait()
+            shard = nxt
+    return y, x_full

@@ -1,0 +1,55 @@
+"""The tp_overlap grader catches the mistakes the lab is about: each deliberately wrong lab in
+tests/grading/wrong/tp_overlap_*/ fails exactly the tests it should, with a message that teaches.
+
+* ring_sends_own_shard: every all-gather ring step passes on the rank's own shard -> the ring
+  op test names which shard landed where; the numerics of every pipelined variant (from 3 ranks);
+* sums_wrong_order: the running sums of the GEMM + reduce-scatter ring go the wrong way -> the
+  ring op test decodes which rank's partial product of which shard was summed; the numerics;
+* waits_before_gemm: each exchange waited on before the GEMM it should hide behind -> both
+  overlap tests (the ring serves the forward and the row-parallel backward), on structure;
+* bulk_gather_waited_at_once: the column-parallel backward waits for the input's all-gather
+  at once -> the backward overlap test only, on structure.
+
+Each folder is graded in its own pytest subprocess, one after the other (the overlap tests
+measure wall-clock time).
+"""
+from __future__ import annotations
+
+import pytest
+from wrong_labs import assert_caught, grade
+
+NUMERICS = ("test_linears", "test_mlp", "test_attention", "test_block")
+BOTH_OVERLAPS = ("test_forward_communication_hidden", "test_backward_communication_hidden")
+
+# folder -> {failing test: words its message must contain}
+CASES = {
+    "tp_overlap_ring_sends_own_shard": {
+        "test_ring_all_gather_matmul": ["rank ", "3 ranks", "of the gathered input hold shard",
+                                        "passes on the shard it holds"],
+        **{t: ["rank ", "[pipelined", "tp=3", "differs from the reference"] for t in NUMERICS},
+    },
+    "tp_overlap_sums_wrong_order": {
+        "test_ring_matmul_reduce_scatter": ["rank 0", "3 ranks", "rank 1's of shard 2",
+                                            "wrong order", "(r - k - 1) mod n"],
+        **{t: ["rank ", "[pipelined", "tp=3", "differs from the reference"] for t in NUMERICS},
+    },
+    "tp_overlap_waits_before_gemm": {
+        t: ["rank ", "send", "waited on right after it started", "before any compute"]
+        for t in BOTH_OVERLAPS},
+    "tp_overlap_bulk_gather_waited_at_once": {
+        "test_backward_communication_hidden": ["rank ", "backward pass", "all_gather",
+                                               "waited on right after it started",
+                                               "after the dgrad GEMM"]},
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tp_overlap_wrong")
+    return {folder: grade(folder, "test_tp_overlap.py", tmp / f"{folder}.xml", timeout=600)
+            for folder in CASES}
+
+
+@pytest.mark.parametrize("folder", sorted(CASES))
+def test_wrong_tp_overlap_caught(folder, outcomes):
+    assert_caught(folder, outcomes[folder], CASES[folder])
