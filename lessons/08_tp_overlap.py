@@ -153,7 +153,8 @@ if problem:
     print(f"Your ring_all_gather_matmul does not run yet ({problem}).\nWhat follows is {who}; "
           "finish tasks 1-2 of the lab and run this cell again to see your own.")
 for n in (2, 3):
-    rings.setdefault(n, on_ranks(ring_run, n, str(runs / f"{impl}{n}"), impl, link=PRESET, timeout=60))
+    if n not in rings:
+        rings[n] = on_ranks(ring_run, n, str(runs / f"{impl}{n}"), impl, link=PRESET, timeout=60)
 if any(res["wrong"] for results in rings.values() for res in results):
     print(f"{who} gives WRONG numbers (the grader will say where); its timing is shown anyway.")
 print(f"{who}: shards multiplied on 3 ranks, step by step:",
@@ -255,7 +256,7 @@ def bulk_figure():
     for y0, y1, text in ((1, 0, "AG(X) is wgrad's input"), (0, 1, "dX is what RS sums")):
         fig.add_annotation(x=5, y=y1 + 0.3 * (y0 - y1), ax=3, ay=y0 - 0.3 * (y0 - y1), xref="x",
                            yref="y", axref="x", ayref="y", showarrow=True, arrowhead=2, arrowwidth=2)
-        fig.add_annotation(x=4, y=y0 + 0.42 * (y0 - y1) - 0.0, text=text, showarrow=False,
+        fig.add_annotation(x=4, y=y0 + 0.42 * (y0 - y1), text=text, showarrow=False,
                            font=dict(size=11))
     fig.update_xaxes(visible=False, range=[-0.2, 8.2])
     fig.update_yaxes(tickvals=[0, 1], ticktext=["compute", "link"], range=[-0.6, 1.6])
@@ -316,11 +317,11 @@ bench_tp_overlap.figure(bench)
 # %% [markdown]
 # Read the table by its columns. `link ms` is how long the link was busy. `bulk` carries more
 # than `sp`: it saved only the input shard (less memory) and gathers it again in the backward
-# pass. The ring variants add a latency per step. `exposed`
-# is the part of the link time during which nothing computed, and the `hid%` columns give the
-# share that was hidden in each pass. `bulk` helps only the backward pass and `pipelined` mostly
-# the forward pass; `pipelined+bulk` combines them. The step times are noisy on a shared 2-core
-# machine and the model is small, so compare the exposed milliseconds first.
+# pass. The ring variants pay a latency per step. `exposed` is the link time during which nothing
+# computed, and the `hid%` columns give the share hidden in each pass: `bulk` works on the
+# backward pass only, `pipelined` mostly on the forward pass, and `pipelined+bulk` on both. Step
+# times are noisy on a shared 2-core machine, and in a model this small the link's per-operation
+# latency weighs heavily, so compare the exposed milliseconds first.
 #
 # ## When the ring beats Domino, and when Domino wins
 #
@@ -354,10 +355,11 @@ bench_tp_overlap.figure(bench)
 # and reduce-scatter. The ring exposes $(n-1)\max(0, t_c - t_g)$ per ring. The chunked variant
 # ($c = n$ pieces) exposes one piece plus any excess. Domino sends $p$ all-reduces of $N/p$ bytes
 # per sublayer, hidden behind both GEMMs and across layers. The model counts exposed time only,
-# so it cannot show the first list.
+# so it cannot show the first list. Hover over a point to see the sublayer's compute.
 
 # %%
-def exposed_us(preset, hidden, tokens, n, p, elsize=2):
+def modelled_exposed(preset, hidden, tokens, n, p, elsize=2):
+    """Seconds of exposed communication per method, and the sublayer's GEMM seconds."""
     rate = link.PRESETS[preset].peak_tflops * 1e12
     lk = link.make_link(preset, rate)              # the real machine's clock: nothing scaled
     N = tokens * hidden * elsize                   # one [B, S, H] activation, bf16
@@ -368,8 +370,7 @@ def exposed_us(preset, hidden, tokens, n, p, elsize=2):
     return {"sp": lk.op_time("all_gather", N, n) + lk.op_time("reduce_scatter", N, n),
             "pipelined (ring)": 2 * ring,
             "pipelined, chunked RS": ring + piece + (n - 1) * max(0.0, piece - t_g),
-            f"domino p={p}": max(0.0, p * lk.op_time("all_reduce", N / p, n) - 2 * gemm),
-            "compute": 2 * gemm}
+            f"domino p={p}": max(0.0, p * lk.op_time("all_reduce", N / p, n) - 2 * gemm)}, 2 * gemm
 
 
 style = {"description_width": "90px"}
@@ -384,15 +385,18 @@ NS = [2, 4, 8, 16]
 
 
 def redraw_model(_=None):
-    rows = [exposed_us(preset_w.value, hidden_w.value, tokens_w.value, n, p_w.value) for n in NS]
+    rows = [modelled_exposed(preset_w.value, hidden_w.value, tokens_w.value, n, p_w.value) for n in NS]
+    compute = [c * 1e6 for _, c in rows]
     fig = go.Figure()
-    for name, dash in zip(rows[0], ("solid", "solid", "dash", "solid", "dot")):
-        fig.add_trace(go.Scatter(x=NS, y=[r[name] * 1e6 for r in rows], name=name,
-                                 mode="lines+markers", line=dict(dash=dash, width=3)))
-    fig.update_layout(title=f"MODELLED exposed communication, one MLP forward — {preset_w.value} "
-                      f"at its real speed, hidden {hidden_w.value}, {tokens_w.value} tokens, bf16",
+    for name, dash in zip(rows[0][0], ("solid", "solid", "dash", "solid")):
+        fig.add_trace(go.Scatter(x=NS, y=[r[name] * 1e6 for r, _ in rows], name=name,
+                                 customdata=compute, mode="lines+markers", line=dict(dash=dash, width=3),
+                                 hovertemplate=f"{name}, n=%{{x}}: %{{y:.1f}} µs exposed<br>the "
+                                 "sublayer's GEMMs: %{customdata:.0f} µs<extra></extra>"))
+    fig.update_layout(title=f"MODELLED exposed communication, one MLP forward: {preset_w.value} at "
+                      f"full speed, hidden {hidden_w.value}, {tokens_w.value} tokens, bf16",
                       xaxis=dict(title="TP size n", type="log", tickvals=NS),
-                      yaxis_title="µs (compute: the sublayer's GEMMs)", height=420,
+                      yaxis_title="exposed µs", height=420,
                       margin=dict(l=10, r=10, t=60, b=40))
     model_out.clear_output(wait=True)
     with model_out:
@@ -410,7 +414,7 @@ display(W.VBox([W.HBox([preset_w, p_w]), W.HBox([hidden_w, tokens_w]), model_out
 # With 1024 tokens at $n = 16$, the ring exposes *more* than plain SP: each step's GEMM is now
 # shorter than the link's latency, which the ring pays 15 times. On `pcie-h100` at $n = 2$ the
 # ring exposes what does not fit behind half of its GEMM, while Domino hides it all. At hidden
-# 8192 on NVLink everything hides. Real systems combine the methods: NeMo runs TP overlap inside
+# 8192 on NVLink, the ring and Domino hide everything at every $n$. Real systems combine the methods: NeMo runs TP overlap inside
 # each layer and overlaps data- and pipeline-parallel traffic across layers (lessons 9–10).
 #
 # ## Exercise: the `tp_overlap` lab
@@ -418,20 +422,20 @@ display(W.VBox([W.HBox([preset_w, p_w]), W.HBox([hidden_w, tokens_w]), model_out
 # Open `labs/tp_overlap.py` and replace each `raise NotImplementedError`, in the order of its task
 # list:
 #
-# 1. `exchange`: one ring step, an `isend` to the next rank and an `irecv` from the previous one,
-#    in one `dist.batch_isend_irecv`;
-# 2. `ring_all_gather_matmul`: shard $(r-k) \bmod n$ at step $k$, its exchange in flight behind
-#    its GEMM (the traces above then show your ring);
-# 3. `ring_matmul_reduce_scatter`: the partial sum for shard $(r-k-1) \bmod n$, plus the running
-#    total, passed on;
-# 4. `chunked_matmul_reduce_scatter`: $c$ asynchronous reduce-scatters, each behind the next
-#    piece's GEMM;
-# 5. `ColumnParallelMatmul` and `RowParallelMatmul` (tasks 5–6): the forward pass as `Overlap`
-#    says, the backward pass with bulk overlap or the ring;
-# 6. `column_parallel_linear` (q, k, v, or gate and up, behind *one* all-gather) and
-#    `row_parallel_linear` (tasks 7–8);
-# 7. `OverlapAttention.forward` and `OverlapMLP.forward` (tasks 9–10). `OverlapBlock` puts them in
-#    the given `SequenceParallelBlock`.
+# * task 1, `exchange`: one ring step, an `isend` to the next rank and an `irecv` from the
+#   previous one, in one `dist.batch_isend_irecv`;
+# * task 2, `ring_all_gather_matmul`: shard $(r-k) \bmod n$ at step $k$, its exchange in flight
+#   behind its GEMM (the traces above then show your ring);
+# * task 3, `ring_matmul_reduce_scatter`: the partial sum for shard $(r-k-1) \bmod n$, plus the
+#   running total, passed on;
+# * task 4, `chunked_matmul_reduce_scatter`: $c$ asynchronous reduce-scatters, each behind the
+#   next piece's GEMM;
+# * tasks 5–6, `ColumnParallelMatmul` and `RowParallelMatmul`: the forward pass as `Overlap`
+#   says, the backward pass with bulk overlap or the ring;
+# * tasks 7–8, `column_parallel_linear` (q, k, v, or gate and up, behind *one* all-gather) and
+#   `row_parallel_linear`;
+# * tasks 9–10, `OverlapAttention.forward` and `OverlapMLP.forward`. `OverlapBlock` puts them in
+#   the given `SequenceParallelBlock`.
 #
 # Check yourself with `workbook run tp_overlap --nproc 2 --link dgx-h100`, grade with
 # `workbook grade --lab tp_overlap`, and compare with SP and Domino with `workbook bench

@@ -199,8 +199,11 @@ TARGETS = {
     "broadcast": "rank 0's buffer to every rank (busbw = algbw)",
     "reduce": "the sum on rank 0 (busbw = algbw)",
     "domino": "Domino vs vanilla TP vs no communication (own options: workbook bench domino --help)",
+    "tp_overlap": "SP's comm inside the GEMMs vs plain SP vs Domino (own options: "
+                  "workbook bench tp_overlap --help)",
 }
 DOMINO = "domino"
+OWN_OPTIONS = (DOMINO, "tp_overlap")                       # routed by cli.main, as domino is
 
 
 def _targets_epilog() -> str:
@@ -211,12 +214,13 @@ def _targets_epilog() -> str:
 
 
 def _handle_or_domino(args) -> int:
-    if args.collective == DOMINO:
+    if args.collective in OWN_OPTIONS:
         # Only reached when an option came before the word domino (``workbook bench --nproc 2
         # domino``): cli.main routes ``bench domino ...`` itself, and these options are the
-        # collectives' ones, not Domino's.
-        print("workbook bench: domino takes its own options after the word domino: "
-              "workbook bench domino [options] (see workbook bench domino --help)",
+        # collectives' ones, not Domino's. The same for tp_overlap.
+        name = args.collective
+        print(f"workbook bench: {name} takes its own options after the word {name}: "
+              f"workbook bench {name} [options] (see workbook bench {name} --help)",
               file=sys.stderr)
         return 2
     return _handle(args)
@@ -252,7 +256,7 @@ def register(subparsers) -> None:
 
 if __name__ == "__main__":                                 # python -m workbook.bench ...
     import argparse
-    if sys.argv[1:2] == [DOMINO]:                          # as workbook.cli.main routes it
+    if sys.argv[1:2] and sys.argv[1] in OWN_OPTIONS:       # as workbook.cli.main routes it
         from workbook.cli import main as _cli_main
         sys.exit(_cli_main(["bench", *sys.argv[1:]]))
     _parser = argparse.ArgumentParser(prog="python -m workbook.bench")

@@ -83,11 +83,28 @@ def _busy_ms(ops) -> float:
     return total / 1e6
 
 
+def lab_step(lab, blocks, m, xs, targets, step: int = 0):
+    """One step of a ``tp_overlap`` variant: ``blocks`` on this rank's sequence shard ``xs``
+    ``[B, S/n, H]``, the sequence gathered for the TPStack ``m``'s replicated head and loss;
+    backward, then the sequence-parallel gradients summed. Returns the loss."""
+    from workbook import tp_stack
+    from workbook.bench_domino import _GatherSequenceSplitBackward
+    with torch.profiler.record_function("forward"):
+        h = xs
+        for block in blocks:
+            h = block(h, step)                                                # [B, S/n, H]
+        full = _GatherSequenceSplitBackward.apply(h)                          # [B, S, H]
+        loss = tp_stack.head_loss(m, full, targets, targets.numel())
+    with torch.profiler.record_function("backward"):
+        loss.backward()
+        lab.sync_sequence_parallel_grads(blocks)
+    return loss.detach()
+
+
 def _rank_bench(opts: dict, trace_root: str) -> dict:
     from dataclasses import replace
 
     from workbook import link, tp_stack, trace
-    from workbook.bench_domino import _GatherSequenceSplitBackward
     from workbook.domino_measure import inputs, recalibrate, training_step
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
@@ -111,15 +128,7 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
 
     def step(variant, k):
         if variant in blocks:
-            with torch.profiler.record_function("forward"):
-                h = xs
-                for block in blocks[variant]:
-                    h = block(h, k)                                           # [B, S/n, H]
-                full = _GatherSequenceSplitBackward.apply(h)                  # [B, S, H]
-                loss = tp_stack.head_loss(m, full, targets, targets.numel())
-            with torch.profiler.record_function("backward"):
-                loss.backward()
-                lab.sync_sequence_parallel_grads(blocks[variant])
+            lab_step(lab, blocks[variant], m, xs, targets, k)
             blocks[variant].zero_grad(set_to_none=True)
             m.zero_grad()
         else:
@@ -280,7 +289,8 @@ def report(result: dict) -> str:
         lines.append(f"like for like (same model, weights, batch, ranks and link): Domino "
                      f"{d['step_ms']:.0f} ms, {_fmt(d['exposed_comm_ms'])} ms exposed; "
                      f"pipelined+bulk {pb['step_ms']:.0f} ms, {_fmt(pb['exposed_comm_ms'])} ms exposed")
-    lines.append("simulated figures: a CPU in slow motion, calibrated to the preset's compute/link ratio")
+    lines.append("simulated figures: a CPU in slow motion, calibrated to the preset's compute/link "
+                 "ratio" if result["link_label"] else "no simulated link: plain gloo on this CPU")
     return "\n".join(lines)
 
 

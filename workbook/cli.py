@@ -8,6 +8,7 @@
     workbook trace summary|report|merge   read, show and combine profiler traces
     workbook bench COLLECTIVE             nccl-tests-style bandwidth table
     workbook bench domino                 Domino vs vanilla TP vs no communication
+    workbook bench tp_overlap             SP's comm inside the GEMMs vs plain SP vs Domino
 """
 from __future__ import annotations
 
@@ -204,11 +205,26 @@ def domino_bench_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def tp_overlap_bench_parser() -> argparse.ArgumentParser:
+    """``workbook bench tp_overlap``: SP's all-gather/reduce-scatter inside the GEMMs vs plain
+    SP, Domino and the no-communication optimum."""
+    from workbook import bench_tp_overlap
+    parser = argparse.ArgumentParser(prog="workbook bench tp_overlap",
+                                     description=tp_overlap_bench_parser.__doc__)
+    bench_tp_overlap.add_arguments(parser)
+    parser.set_defaults(func=lambda a: bench_tp_overlap.run_bench(a) and 0,
+                        command="bench tp_overlap")
+    return parser
+
+
+BENCH_PARSERS = {"domino": domino_bench_parser, "tp_overlap": tp_overlap_bench_parser}
+
+
 def main(argv=None) -> int:
     from workbook.launch import RanksTimedOut
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:2] == ["bench", "domino"]:
-        args = domino_bench_parser().parse_args(argv[2:])
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCH_PARSERS:
+        args = BENCH_PARSERS[argv[1]]().parse_args(argv[2:])
     else:
         args = build_parser().parse_args(argv)
     try:
