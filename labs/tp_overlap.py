@@ -49,7 +49,7 @@ from workbook.model import ops as model_ops    # (not "ops": cloudpickle would m
 from workbook.model.reference import rope_tables
 from workbook.sequence_parallel import SequenceParallelBlock, ShardedLinear, all_gather_sequence, \
     reduce_scatter_sequence, start_all_gather_sequence, start_reduce_scatter_sequence, \
-    sync_sequence_parallel_grads  # noqa: F401 (the grader syncs the blocks' norms with it)
+    sync_sequence_parallel_grads  # noqa: F401 (re-exported: call it after backward, for the norms)
 from workbook.tp import rank_device, tp_rank, tp_world_size
 
 
