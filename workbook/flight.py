@@ -147,8 +147,30 @@ class FlightRecorder:
             call.returned = True
             self._write({"state": "returned", "call": call.describe(), "name": name,
                          "seq": call.seq, "t": call.t_enter})
+            if name in ("isend", "irecv") and result is not None:
+                return WaitOnce(result)
+            if name == "batch_isend_irecv" and isinstance(result, list):
+                return [WaitOnce(w) for w in result]
             return result
         return recorded
+
+
+class WaitOnce:
+    """A point-to-point work that may be waited on more than once, as NCCL's may: gloo's send
+    and receive works block for ever on a second ``wait()`` (each wait takes one completion),
+    which would turn a harmless extra wait in a learner's ring into a hang."""
+
+    def __init__(self, work):
+        self._work, self._done = work, False
+
+    def wait(self, *args, **kwargs):
+        if not self._done:
+            self._work.wait(*args, **kwargs)
+            self._done = True
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
 
 
 RECORDER = FlightRecorder()
