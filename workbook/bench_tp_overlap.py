@@ -56,6 +56,7 @@ FIELDS = ("step_ms", "comm_ms", "exposed_comm_ms", "overlap_fwd_pct", "overlap_b
 # the preset's per-op latency, set its time.
 DEFAULTS = dict(hidden=768, heads=12, ffn=3072, layers=2, batch=16, seq=256, vocab=1024, p=4)
 EXTRA = dict(style="gpt", chunks=2)         # options that are not shapes of the model
+NO_LINK = "no simulated link (plain gloo)"
 
 
 def add_arguments(parser) -> None:
@@ -217,7 +218,8 @@ def measure(*, impl: str = "solutions", nproc: int = 2, link: str = "dgx-h100", 
     unknown, n, S = sorted(set(variants) - set(VARIANTS)), max(nproc, 1), o["seq"]
     problems += [msg for bad, msg in (
         (unknown, f"unknown variant(s) {unknown}: choose from {', '.join(VARIANTS)}"),
-        (link not in preset_names(), f"unknown link preset {link!r}: choose one of {', '.join(preset_names())}"),
+        (link not in preset_names(),
+         f"unknown link preset {link!r}: choose one of {', '.join(preset_names())}"),
         (nproc < 1, f"--nproc {nproc} must be at least 1"),
         (steps < 1 or warmup < 0, "--steps must be at least 1 and --warmup at least 0"),
         (o["batch"] % o["p"], f"--p {o['p']} must divide --batch {o['batch']}"),
@@ -252,7 +254,7 @@ def report(result: dict) -> str:
     """The table: per variant its figures, then the ceiling and the targets (met / not met)."""
     from workbook.reports import where_measured
     v, o = result["variants"], result["options"]
-    lines = [f"tp_overlap benchmark on the {where_measured(result['link_label'])}: "
+    lines = [f"tp_overlap benchmark, {where_measured(result['link_label'], NO_LINK)}: "
              f"{result['nproc']} ranks on {result.get('hardware', '?')}, torch {result.get('torch')}",
              f"model: {o['style']}, hidden {o['hidden']}, ffn {o['ffn']}, heads {o['heads']}, "
              f"{o['layers']} layers, batch {o['batch']} x seq {o['seq']}, vocab {o['vocab']}, fp32; "
@@ -305,8 +307,8 @@ def figure(result: dict):
                       annotation_text="no-communication optimum")
     f = result["comm_fraction_pct"]
     fig.update_layout(barmode="stack", yaxis_title="step time (ms)", height=480, width=900,
-                      title=f"tp_overlap, {result['nproc']} CPU ranks on the "
-                            f"{where_measured(result['link_label'])}"
+                      title=f"tp_overlap, {result['nproc']} ranks, "
+                            f"{where_measured(result['link_label'], NO_LINK)}"
                             + (f"; plain SP's comm fraction {f:.0f}%" if f is not None else ""))
     return fig
 

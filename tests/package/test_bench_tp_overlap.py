@@ -70,6 +70,7 @@ def test_bench_runs_end_to_end_on_two_ranks(tmp_path, capsys):
     tiny = [f"--{k}={v}" for k, v in TINY.items()]
     path = tmp_path / "tp_overlap.json"
     result = bench_tp_overlap.run_bench(_args(*tiny, "--steps", "1", "--warmup", "1",
+                                              "--trace-dir", str(tmp_path / "traces"),
                                               "--json", str(path), "--figure", str(tmp_path / "f.html")))
     doc = json.loads(path.read_text())
     assert set(doc["variants"]) == set(bench_tp_overlap.VARIANTS)
