@@ -52,19 +52,25 @@ VARIANTS = ("vanilla_tp", "sp", "domino_intra", "domino", "no_comm")
 DEFAULTS = dict(hidden=768, heads=12, ffn=3072, layers=2, batch=16, seq=256, vocab=1024, p=4)
 
 
-def add_arguments(parser) -> None:
+def add_model_arguments(parser, defaults: dict, variants, steps: int) -> None:
+    """The options every model benchmark shares (``bench domino``, ``bench tp_overlap``): ranks,
+    link, implementation, style, the model's shapes, steps, variants and where traces go."""
     parser.add_argument("--nproc", type=int, default=2, help="tensor-parallel ranks (default 2)")
     parser.add_argument("--link", default="dgx-h100", help="simulated link preset (default dgx-h100)")
     parser.add_argument("--impl", default="solutions", help="labs, solutions or a folder (default solutions)")
     parser.add_argument("--style", choices=["gpt", "llama"], default="gpt")
-    for name, value in DEFAULTS.items():
+    for name, value in defaults.items():
         parser.add_argument(f"--{name}", type=int, default=value, help=f"default {value}")
-    parser.add_argument("--lookahead", type=int, default=1, help="Domino's prepare-ahead (default 1)")
-    parser.add_argument("--steps", type=int, default=3, help="measured steps per variant (default 3)")
+    parser.add_argument("--steps", type=int, default=steps, help=f"measured steps per variant (default {steps})")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per variant (default 1)")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated subset of " + ",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(variants),
+                        help="comma-separated subset of " + ",".join(variants))
     parser.add_argument("--trace-dir", default=None, help="keep the traces here")
+
+
+def add_arguments(parser) -> None:
+    add_model_arguments(parser, DEFAULTS, VARIANTS, steps=3)
+    parser.add_argument("--lookahead", type=int, default=1, help="Domino's prepare-ahead (default 1)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
 
 

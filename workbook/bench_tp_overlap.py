@@ -60,18 +60,9 @@ NO_LINK = "no simulated link (plain gloo)"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--nproc", type=int, default=2, help="tensor-parallel ranks (default 2)")
-    parser.add_argument("--link", default="dgx-h100", help="simulated link preset (default dgx-h100)")
-    parser.add_argument("--impl", default="solutions", help="labs, solutions or a folder (default solutions)")
-    parser.add_argument("--style", choices=["gpt", "llama"], default="gpt")
-    for name, value in DEFAULTS.items():
-        parser.add_argument(f"--{name}", type=int, default=value, help=f"default {value}")
+    from workbook.bench_domino import add_model_arguments
+    add_model_arguments(parser, DEFAULTS, VARIANTS, steps=2)
     parser.add_argument("--chunks", type=int, default=2, help="chunked+bulk's pieces (default 2)")
-    parser.add_argument("--steps", type=int, default=2, help="measured steps per variant (default 2)")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per variant (default 1)")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated subset of " + ",".join(VARIANTS))
-    parser.add_argument("--trace-dir", default=None, help="keep the traces here")
     for name, what in (("json", "the results as JSON"), ("figure", "the figure (plotly HTML)")):
         parser.add_argument(f"--{name}", default=None, metavar="PATH", help=f"write {what}")
 
