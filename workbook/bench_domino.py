@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -76,12 +75,11 @@ def add_arguments(parser) -> None:
 
 # --------------------------------------------------------------------------- inside a rank
 def _rank_bench(opts: dict, trace_root: str) -> dict:
-    from workbook import link, trace
-    from workbook.domino_measure import inputs, training_step
+    from workbook import link
+    from workbook.domino_measure import inputs, overlap_fields, profiled_step, training_step
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
     from workbook.tp_stack import TPStack
-    from workbook.trace.capture import rank_trace
     lab = load_lab("domino", opts["impl"])
     sp = load_lab("sp", opts["impl"]) if "sp" in opts["variants"] else None
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -116,23 +114,14 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
             for v in variants}
     for k in range(opts["steps"]):          # variants take turns, so noise hits them alike
         for variant in variants:
-            tdir = Path(trace_root) / variant / f"step{k}"
-            dist.barrier()
-            since = len(link.op_log())
-            with rank_trace(tdir, lab="domino"):
-                t0 = time.perf_counter()
-                step(variant, k)
-                elapsed = (time.perf_counter() - t0) * 1e3
-            ops = [r for r in link.op_log()[since:] if r.op != "barrier"]
-            t = trace.load_trace(tdir / f"rank{rank}.trace.json")
-            r = rows[variant]
-            r["step_ms"].append(elapsed)
-            r["comm_ms"].append(sum(o.modelled_ns for o in ops) / 1e6)
-            r["gloo_arrival_ms"].append(sum(max(0, o.arrival_ns - o.issued_ns) for o in ops) / 1e6)
-            r["beyond_modelled_ms"].append(sum(max(0, o.arrival_ns - o.end_ns) for o in ops) / 1e6)
-            r["exposed_comm_ms"].append(trace.overlap(t).exposed_comm_us / 1e3)
-            for phase, key in (("forward", "overlap_fwd_pct"), ("backward", "overlap_bwd_pct")):
-                r[key].append(trace.overlap_pct(t, within=phase) if ops else None)
+            elapsed, ops, t = profiled_step(lambda: step(variant, k),
+                                            Path(trace_root) / variant / f"step{k}", rank, "domino")
+            figures = {"step_ms": elapsed, "comm_ms": sum(o.modelled_ns for o in ops) / 1e6,
+                       "gloo_arrival_ms": sum(max(0, o.arrival_ns - o.issued_ns) for o in ops) / 1e6,
+                       "beyond_modelled_ms": sum(max(0, o.arrival_ns - o.end_ns) for o in ops) / 1e6,
+                       **overlap_fields(t, ops)}
+            for key, value in figures.items():
+                rows[variant][key].append(value)
     for variant, r in rows.items():
         out["variants"][variant] = {f: (statistics.median(v) if v and None not in v else None)
                                     for f, v in r.items()}
@@ -187,16 +176,10 @@ class _GatherSequenceSplitBackward(torch.autograd.Function):
 def _all_reduce_sequence_parallel_grads(m) -> None:
     """The blocks' norm weights and row-parallel biases saw only this rank's positions: sum
     their gradients (one flat all-reduce of a few kB per step)."""
+    from workbook.sequence_parallel import all_reduce_grads
     row_biases = (".attn.wo.bias", ".mlp.fc2.bias", ".mlp.w_down.bias")
-    grads = [t.grad for name, t in m.params.items() if t.grad is not None and name.startswith("blocks.")
-             and (".norm" in name or name.endswith(row_biases))]
-    if grads:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+    all_reduce_grads([t.grad for name, t in m.params.items() if t.grad is not None
+                      and name.startswith("blocks.") and (".norm" in name or name.endswith(row_biases))])
 
 
 # --------------------------------------------------------------------------- the table
@@ -213,11 +196,10 @@ def _combine(results: list[dict]) -> dict:
             "overlap_bwd_pct": _mean([r["overlap_bwd_pct"] for r in rows]),
             "gloo_arrival_ms": max(r["gloo_arrival_ms"] for r in rows),
             "beyond_modelled_ms": max(r["beyond_modelled_ms"] for r in rows)}
-    chunked = merged.pop("no_comm_domino", None)
-    if chunked is not None:                 # the optimum: the faster no-communication schedule
-        whole = merged["no_comm"]["step_ms"]
-        merged["no_comm"]["schedules_ms"] = {"whole batch": whole, "domino chunks": chunked["step_ms"]}
-        merged["no_comm"]["step_ms"] = min(whole, chunked["step_ms"])
+    from workbook.domino_measure import fold_optimum
+    schedules = fold_optimum(merged)
+    if schedules is not None:
+        merged["no_comm"]["schedules_ms"] = schedules
     return merged
 
 

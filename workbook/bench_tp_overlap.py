@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -98,12 +97,13 @@ def lab_step(lab, blocks, m, xs, targets, step: int = 0):
 def _rank_bench(opts: dict, trace_root: str) -> dict:
     from dataclasses import replace
 
-    from workbook import link, tp_stack, trace
-    from workbook.domino_measure import inputs, recalibrate, training_step
+    from workbook import link, tp_stack
+    from workbook.domino_measure import inputs, overlap_fields, profiled_step, recalibrate, \
+        training_step
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
     from workbook.tp import rank_device, sequence_range
-    from workbook.trace.capture import hardware, rank_trace
+    from workbook.trace.capture import hardware
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = ModelConfig(hidden=opts["hidden"], heads=opts["heads"], ffn_hidden=opts["ffn"],
                       n_layers=opts["layers"], seq_len=opts["seq"], vocab_size=opts["vocab"],
@@ -135,21 +135,11 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
     rows = {v: {f: [] for f in FIELDS} for v in variants}
     for k in range(opts["steps"]):          # variants take turns, so noise hits them alike
         for variant in variants:
-            tdir = Path(trace_root) / variant / f"step{k}"
-            dist.barrier()
-            since = len(link.op_log())
-            with rank_trace(tdir, lab="tp_overlap"):
-                t0 = time.perf_counter()
-                step(variant, k)
-                elapsed = (time.perf_counter() - t0) * 1e3
-            ops = [r for r in link.op_log()[since:] if r.op != "barrier"]
-            t = trace.load_trace(tdir / f"rank{rank}.trace.json")
-            r = rows[variant]
-            r["step_ms"].append(elapsed)
-            r["comm_ms"].append(_busy_ms(ops))
-            r["exposed_comm_ms"].append(trace.overlap(t).exposed_comm_us / 1e3)
-            for phase, key in (("forward", "overlap_fwd_pct"), ("backward", "overlap_bwd_pct")):
-                r[key].append(trace.overlap_pct(t, within=phase) if ops else None)
+            elapsed, ops, t = profiled_step(lambda: step(variant, k),
+                                            Path(trace_root) / variant / f"step{k}", rank, "tp_overlap")
+            figures = {"step_ms": elapsed, "comm_ms": _busy_ms(ops), **overlap_fields(t, ops)}
+            for key, value in figures.items():
+                rows[variant][key].append(value)
     lk = link.current_link()
     return {"rank": rank, "link_label": lk.label if lk else None, "hardware": hardware(), "variants": {
         v: {f: (statistics.median(xs) if xs and None not in xs else None) for f, xs in r.items()}
@@ -164,12 +154,8 @@ def _combine(results: list[dict]):
         return sum(xs) / len(xs) if xs else None
     merged = {v: {f: (max if f.endswith("_ms") else mean)([r["variants"][v][f] for r in results])
                   for f in FIELDS} for v in results[0]["variants"]}
-    chunked, schedules = merged.pop("no_comm_domino", None), None
-    if chunked is not None:
-        schedules = {"whole batch": merged["no_comm"]["step_ms"], "domino chunks": chunked["step_ms"]}
-        if chunked["step_ms"] < merged["no_comm"]["step_ms"]:
-            merged["no_comm"] = chunked
-    return merged, schedules
+    from workbook.domino_measure import fold_optimum
+    return merged, fold_optimum(merged)
 
 
 def _targets(v: dict, n: int, f) -> dict:

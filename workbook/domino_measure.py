@@ -11,6 +11,8 @@ the grader share.
   handle instead of an all-reduce (on a CPU the chunks' smaller working set can be faster);
 * ``measure`` / ``run_measured``: the lesson's round, a warm-up then a profiled step of each
   variant into ``run_dir/VARIANT``;
+* ``profiled_step``, ``overlap_fields``, ``fold_optimum``: one profiled step and its figures,
+  and the optimum, as ``workbook bench domino`` and ``workbook bench tp_overlap`` measure them;
 * ``agrees``, ``registry_problem``, ``PretendWork``: is the learner's lab usable yet?
 """
 from __future__ import annotations
@@ -107,6 +109,45 @@ def run_measured(impl, p: int, preset: str, model: dict, batch: int, ranks: int 
     res = on_ranks(measure, ranks, impl, model, batch, p, preset, str(run_dir), link=preset,
                    timeout=timeout)
     return res, run_dir
+
+
+# --------------------------------------------------------------------------- the benchmarks' step
+def profiled_step(step, tdir, rank: int, lab: str):
+    """``step()`` after a barrier, inside the profiler (traces in ``tdir``): ``(elapsed ms, the
+    link ops it issued, this rank's trace)``. Shared by the model benchmarks."""
+    import torch.distributed as dist
+
+    from workbook import link, trace
+    from workbook.trace.capture import rank_trace
+    dist.barrier()
+    since = len(link.op_log())
+    with rank_trace(tdir, lab=lab):
+        t0 = time.perf_counter()
+        step()
+        elapsed = (time.perf_counter() - t0) * 1e3
+    ops = [r for r in link.op_log()[since:] if r.op != "barrier"]
+    return elapsed, ops, trace.load_trace(Path(tdir) / f"rank{rank}.trace.json")
+
+
+def overlap_fields(t, ops) -> dict:
+    """A step's exposed communication and the hidden share of each pass, from its trace."""
+    from workbook import trace
+    out = {"exposed_comm_ms": trace.overlap(t).exposed_comm_us / 1e3}
+    for phase, key in (("forward", "overlap_fwd_pct"), ("backward", "overlap_bwd_pct")):
+        out[key] = trace.overlap_pct(t, within=phase) if ops else None
+    return out
+
+
+def fold_optimum(merged: dict) -> dict | None:
+    """The optimum is the faster no-communication schedule: fold ``no_comm_domino`` into
+    ``no_comm`` (the faster row stays) and return ``{schedule: step ms}``, or None."""
+    chunked = merged.pop("no_comm_domino", None)
+    if chunked is None:
+        return None
+    schedules = {"whole batch": merged["no_comm"]["step_ms"], "domino chunks": chunked["step_ms"]}
+    if chunked["step_ms"] < merged["no_comm"]["step_ms"]:
+        merged["no_comm"] = chunked
+    return schedules
 
 
 # --------------------------------------------------------------------------- is the lab usable?

@@ -134,14 +134,19 @@ class SequenceParallelBlock(nn.Module):
         return x
 
 
+def all_reduce_grads(grads: list) -> None:
+    """Sum each of ``grads`` over the ranks, in place, with one flat all-reduce."""
+    if grads and tp_world_size() > 1:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        for g, summed in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(summed.view_as(g))
+
+
 def sync_sequence_parallel_grads(module: nn.Module) -> int:
     """Sum over the ranks the gradients of the parameters tagged sequence-parallel (one flat
     all-reduce). Returns how many there were."""
     params = [p for p in module.parameters()
               if getattr(p, "sequence_parallel", False) and p.grad is not None]
-    if params and tp_world_size() > 1:
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat)
-        for p, summed in zip(params, flat.split([p.numel() for p in params])):
-            p.grad.copy_(summed.view_as(p.grad))
+    all_reduce_grads([p.grad for p in params])
     return len(params)

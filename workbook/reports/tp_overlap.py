@@ -29,6 +29,9 @@ VARIANTS = ("sp", "bulk", "pipelined", "pipelined+bulk")
 
 
 def run(trace_dir=None, impl=None) -> dict:
+    import tempfile
+    from contextlib import nullcontext
+
     import torch
     import torch.distributed as dist
     from torch.profiler import record_function
@@ -50,9 +53,9 @@ def run(trace_dir=None, impl=None) -> dict:
     blocks = {v: lab.OverlapBlock(cfg, 0, dev, lab.VARIANTS[v]) for v in VARIANTS}
 
     def step(variant, traced=False):
-        with record_function(f"{variant} forward") if traced else _nothing():
+        with record_function(f"{variant} forward") if traced else nullcontext():
             y = blocks[variant](x, step=1)
-        with record_function(f"{variant} backward") if traced else _nothing():
+        with record_function(f"{variant} backward") if traced else nullcontext():
             y.backward(dy)
         blocks[variant].zero_grad(set_to_none=True)
 
@@ -60,7 +63,7 @@ def run(trace_dir=None, impl=None) -> dict:
         step(v)
     out = {"rank": rank, "world_size": n, "link": link.current_link().label
            if link.current_link() else None, "variants": {}}
-    run_dir = trace_dir or _scratch()
+    run_dir = trace_dir or tempfile.mkdtemp(prefix="tp_overlap-report-")
     with rank_trace(run_dir, lab="tp_overlap"):
         for v in VARIANTS:
             dist.barrier()
@@ -77,19 +80,6 @@ def run(trace_dir=None, impl=None) -> dict:
             row["link_ms"] = row.get("link_ms", 0.0) + o.comm_us / 1e3
             row["exposed_ms"] = row.get("exposed_ms", 0.0) + (o.exposed_comm_us - o.skew_us) / 1e3
     return out
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _scratch() -> str:
-    import tempfile
-    return tempfile.mkdtemp(prefix="tp_overlap-report-")
 
 
 def describe(results: list[dict]) -> str:
