@@ -148,9 +148,9 @@ class FlightRecorder:
             self._write({"state": "returned", "call": call.describe(), "name": name,
                          "seq": call.seq, "t": call.t_enter})
             if name in ("isend", "irecv") and result is not None:
-                return WaitOnce(result)
+                return WaitOnce(result, self, call)
             if name == "batch_isend_irecv" and isinstance(result, list):
-                return [WaitOnce(w) for w in result]
+                return [WaitOnce(w, self, call) for w in result]
             return result
         return recorded
 
@@ -158,14 +158,20 @@ class FlightRecorder:
 class WaitOnce:
     """A point-to-point work that may be waited on more than once, as NCCL's may: gloo's send
     and receive works block for ever on a second ``wait()`` (each wait takes one completion),
-    which would turn a harmless extra wait in a learner's ring into a hang."""
+    which would turn a harmless extra wait in a learner's ring into a hang. While it waits, the
+    rank's slot says so, so that a hang report names the wait (a peer that never sent)."""
 
-    def __init__(self, work):
-        self._work, self._done = work, False
+    def __init__(self, work, recorder: "FlightRecorder", call: Call):
+        self._work, self._recorder, self._call, self._done = work, recorder, call, False
 
     def wait(self, *args, **kwargs):
         if not self._done:
+            c = self._call
+            self._recorder._write({"state": "in", "call": f"wait() on {c.describe()}",
+                                   "name": c.name, "seq": c.seq, "t": time.time()})
             self._work.wait(*args, **kwargs)
+            self._recorder._write({"state": "returned", "call": f"wait() on {c.describe()}",
+                                   "name": c.name, "seq": c.seq, "t": c.t_enter})
             self._done = True
         return True
 
