@@ -1,0 +1,601 @@
+"""Autograder for lab 9, ``dp_overlap``: the numbers, the traffic, the memory, the overlap.
+
+Buckets (instant, no ranks): ``make_buckets`` on the model's parameters and on made-up sizes.
+
+Numerics (fp64, 2 and 4 ranks, GPT and Llama): each variant trains the reference model for
+``STEPS`` Adam steps on its rows of the global batch; the gradient the optimizer reads on the
+first step must be the average over ranks (for ZeRO: this rank's shard of it), and after the
+last step every parameter must equal single-device training on the whole batch.
+
+Traffic (2 and 3 ranks, from the trace of one steady-state step): which collectives each pass
+ran, how many and how many bytes, against the lesson's formulas. Memory (from the numerics run):
+what a rank holds between steps, measured from its storages (``memory_by_kind``), equals the
+ZeRO table (``predicted_memory``).
+
+Overlap (fp32, 2 ranks, simulated ``dgx-h100`` link), through the shared timing policy
+(``workbook.grading.timing``): structure first (when each bucket's all-reduce was issued against
+when its gradients were ready; all-gathers waited on right after they started), then the share of
+the link time hidden behind compute, read from the trace, rank skew excused, near misses measured
+again.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from workbook.domino_measure import recalibrate
+from workbook.grading.engine import graded_size, on_ranks, world_sizes
+from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
+from workbook.grading.tp_checks import rank_error, ranks_label, raise_if_failed, to_cpu
+from workbook.grading.trace_checks import assert_hidden, trace_root_fixture
+
+LAB = "dp_overlap"
+TIMEOUT_S = 120.0
+LINK = "dgx-h100"
+STEPS = 3
+ROWS = 2                          # rows of the global batch per rank
+BUCKET_BYTES = 32 << 10           # several buckets on the graded model (fc1/fc2 get their own)
+NAMES = {"naive": "NaiveDP", "bucketed": "BucketedDP", "zero1": "ShardedTrainer(stage=1)",
+         "zero2": "ShardedTrainer(stage=2)", "zero3": "Zero3"}
+STAGE = {"naive": 0, "bucketed": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+TOL = dict(rtol=1e-9, atol=1e-12)
+AT_ONCE = 0.05                # waited within 5% of its modelled time after issue: nothing hid it
+EXPOSED_GATHERS = 2           # per pass: the first layer's, and the one prefetched behind the
+                              # embedding (whose compute is a table lookup)
+THRESHOLDS = {"bucketed": {"backward": 50.0}, "zero2": {"forward": 30.0, "backward": 50.0},
+              "zero3": {"forward": 30.0, "backward": 50.0}}   # below the reference's lowest
+                              # figure under load and on one core by a measured margin (README)
+
+
+def _configs():
+    from workbook.model import ModelConfig
+    return [("gpt fp64", ModelConfig(dtype="float64", n_layers=2)),
+            ("llama fp64", ModelConfig(style="llama", dtype="float64", n_layers=2))]
+
+
+def _make(lab, variant: str, cfg, dev):
+    if variant == "bucketed":
+        return lab.BucketedDP(cfg, dev, bucket_bytes=BUCKET_BYTES)
+    return lab.VARIANTS[variant](cfg, dev)
+
+
+# --------------------------------------------------------------------------- rank side
+def _train(lab, variant: str, cfg, n: int, dev) -> dict:
+    """STEPS steps of one variant; the first step's optimizer inputs, the final parameters and
+    the memory held between steps."""
+    from workbook.data_parallel import memory_by_kind
+    from workbook.model import make_batch
+    trainer = _make(lab, variant, cfg, dev)
+    seen = {}
+    step_fn = trainer.optimizer.step
+
+    def spy(*args, **kwargs):                        # what the optimizer reads, on step 0 only
+        if not seen:
+            seen["grads"] = [p.grad.detach().clone() if p.grad is not None else None
+                             for g in trainer.optimizer.param_groups for p in g["params"]]
+        return step_fn(*args, **kwargs)
+
+    trainer.optimizer.step = spy
+    losses = []
+    for step in range(STEPS):
+        tokens, targets = make_batch(cfg, ROWS * n, seed=100 + step)
+        losses.append(float(trainer.train_step(tokens.to(dev), targets.to(dev), step)))
+    memory = memory_by_kind(trainer)
+    full = trainer.full_parameters() if hasattr(trainer, "full_parameters") else None
+    if full is None:
+        from workbook.model import params_by_name
+        full = params_by_name(trainer.model)
+    units = [[name for name, _ in unit.named_parameters(prefix=unit.name)]
+             for unit in trainer.units]
+    return {"grads": seen.get("grads"), "params": full, "memory": memory, "losses": losses,
+            "units": units, "element_bytes": next(trainer.model.parameters()).element_size()}
+
+
+def _run_numerics() -> dict:
+    import torch.distributed as dist
+    from workbook.grading.labs import load_lab
+    from workbook.launch import device
+    lab, n, dev = load_lab(LAB), dist.get_world_size(), device()
+    out = {}
+    for tag, cfg in _configs():
+        for variant in NAMES:
+            try:
+                out[(variant, tag)] = _train(lab, variant, cfg, n, dev)
+            except Exception as exc:             # noqa: BLE001 - graded by that variant's test
+                out[(variant, tag)] = rank_error(exc)
+    return to_cpu(out)
+
+
+def _run_traffic(trace_dir: str) -> dict:
+    """One steady-state step (the third) of every variant, each in its own trace."""
+    import torch.distributed as dist
+    from workbook import trace
+    from workbook.grading.labs import load_lab
+    from workbook.launch import device
+    from workbook.model import ModelConfig, make_batch
+    from workbook.trace.capture import rank_trace
+    lab, rank, n, dev = load_lab(LAB), dist.get_rank(), dist.get_world_size(), device()
+    cfg = ModelConfig(n_layers=2) if n != 3 else ModelConfig.odd_shapes(n_layers=2)
+    out = {}
+    for variant in NAMES:
+        try:
+            trainer = _make(lab, variant, cfg, dev)
+            for step in range(3):
+                tokens, targets = make_batch(cfg, ROWS * n, seed=step)
+                if step < 2:
+                    trainer.train_step(tokens.to(dev), targets.to(dev), step)
+                    continue
+                dist.barrier()
+                folder = os.path.join(trace_dir, variant)
+                with rank_trace(folder, lab=LAB):
+                    trainer.train_step(tokens.to(dev), targets.to(dev), step)
+            t = trace.load_trace(os.path.join(folder, f"rank{rank}.trace.json"))
+            out[variant] = {
+                "phases": {p: trace.collectives(t, within=p) for p in ("forward", "backward",
+                                                                        "optimizer")},
+                "params": [p.numel() for p in trainer.model.parameters()],
+                "units": [sum(p.numel() for p in u.parameters()) for u in trainer.units],
+                "buckets": len(getattr(trainer, "buckets", ())),
+                "element_bytes": next(trainer.model.parameters()).element_size()}
+        except Exception as exc:                     # noqa: BLE001 - graded by its test
+            out[variant] = rank_error(exc)
+    return out
+
+
+def _overlap(trace_dir: str, variant: str) -> dict:
+    """One profiled step (after two warm-up steps) on a model whose compute can cover the
+    traffic; the link's ops per pass, and when each gradient became ready."""
+    import torch.distributed as dist
+    from workbook import link, trace
+    from workbook.grading.labs import load_lab
+    from workbook.launch import device
+    from workbook.model import ModelConfig, make_batch
+    from workbook.trace.capture import rank_trace
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
+    try:
+        lab = load_lab(LAB)
+        recalibrate(LINK)                # the matmul rate now: a busy machine slows compute
+        cfg = ModelConfig(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, seq_len=256,
+                          vocab_size=256, dtype="float32")
+        trainer = _make(lab, variant, cfg, dev) if variant != "bucketed" else \
+            lab.BucketedDP(cfg, dev, bucket_bytes=1 << 20)
+        batches = [make_batch(cfg, 8 * n, seed=s) for s in range(3)]
+        for step in range(2):
+            trainer.train_step(*(b.to(dev) for b in batches[step]), step)
+        ready, marks = [], {}
+        for p in trainer.model.parameters():         # when each gradient is made: a tensor hook
+            p.register_hook(lambda g: ready.append(time.perf_counter_ns()))  # runs before the
+                                                     # accumulation, and so before the lab's hooks
+        trainer.model.register_forward_hook(
+            lambda *_: marks.setdefault("backward", time.perf_counter_ns()) and None)
+        optimizer_step = trainer.optimizer_step
+
+        def timed_step():
+            marks["optimizer"] = time.perf_counter_ns()
+            optimizer_step()
+        trainer.optimizer_step = timed_step
+        dist.barrier()
+        before = len(link.op_log())
+        with rank_trace(trace_dir, lab=LAB):
+            trainer.train_step(*(b.to(dev) for b in batches[2]), 2)
+    except NotImplementedError as exc:
+        return {"rank": rank, "not_implemented": str(exc)}
+    except Exception as exc:             # noqa: BLE001 - reported by the judge
+        return {"rank": rank, **rank_error(exc)}
+    ops = [r for r in link.op_log()[before:] if r.op != "barrier"]
+    t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
+    last_ready = max(ready) if ready else 0
+    result = {"rank": rank, "link": link.current_link().label,
+              "late_bytes": sum(r.size_bytes for r in ops if r.op == "all_reduce"
+                                and r.issued_ns > last_ready),
+              "largest": max([r.size_bytes for r in ops if r.op == "all_reduce"], default=0),
+              "all_reduce_bytes": sum(r.size_bytes for r in ops if r.op == "all_reduce")}
+    for phase in ("forward", "backward"):
+        o = trace.overlap(t, within=phase)
+        mine = [r for r in ops if _phase(r.issued_ns, marks) == phase]
+        at_once = [r for r in mine if r.op == "all_gather" and r.first_wait_ns
+                   and r.first_wait_ns - r.issued_ns < AT_ONCE * r.modelled_ns]
+        result[phase] = {
+            "pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,
+            "exposed_ms": (o.exposed_comm_us - o.skew_us) / 1e3, "skew_ms": o.skew_us / 1e3,
+            "ops": sorted({r.op for r in mine}), "count": len(mine),
+            "never_waited": sorted({r.op for r in mine if not r.first_wait_ns}),
+            "gathers": sum(r.op == "all_gather" for r in mine), "at_once": len(at_once)}
+    return result
+
+
+def _phase(issued_ns: int, marks: dict) -> str:
+    """The pass an op was issued in: forward until the model's output exists, then backward
+    (with the gradient sync) until the optimizer step begins."""
+    if issued_ns < marks.get("backward", 0):
+        return "forward"
+    return "backward" if issued_ns < marks.get("optimizer", float("inf")) else "optimizer"
+
+
+# --------------------------------------------------------------------------- test side
+def _numerics(n: int) -> list:
+    return on_ranks(n, _run_numerics, timeout=TIMEOUT_S, key="numerics")
+
+
+_REFERENCE: dict = {}
+
+
+def _reference(tag: str, cfg, n: int):
+    """Single-device training on the whole batch: the first step's gradients (by name) and the
+    parameters after ``STEPS`` steps."""
+    if (tag, n) not in _REFERENCE:
+        from workbook.data_parallel import ADAM
+        from workbook.model import ReferenceModel, grads_by_name, make_batch, params_by_name
+        model = ReferenceModel(cfg)
+        opt = torch.optim.Adam(model.parameters(), **ADAM)
+        first = None
+        for step in range(STEPS):
+            tokens, targets = make_batch(cfg, ROWS * n, seed=100 + step)
+            opt.zero_grad(set_to_none=True)
+            model(tokens, targets, step).backward()
+            first = first or grads_by_name(model)
+            opt.step()
+        _REFERENCE[(tag, n)] = (first, params_by_name(model))
+    return _REFERENCE[(tag, n)]
+
+
+def _expected_optimizer_inputs(variant: str, res: dict, grads: dict, rank: int, n: int) -> list:
+    """What the optimizer must read on rank ``rank``: every averaged gradient (DP), or this
+    rank's shard of each layer's flat, padded, averaged gradient (ZeRO)."""
+    if STAGE[variant] == 0:
+        return [grads[name] for unit in res["units"] for name in unit]
+    out = []
+    for unit in res["units"]:
+        flat = torch.cat([grads[name].reshape(-1) for name in unit])
+        flat = torch.cat([flat, flat.new_zeros(-len(flat) % n)])
+        out.append(flat.chunk(n)[rank])
+    return out
+
+
+def _scale(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got * want).sum() / (want * want).sum()) if want.abs().sum() else float("nan")
+
+
+def _check_variant(variant: str, n: int) -> None:
+    n = graded_size(n, 2, 4)
+    per_rank = _numerics(n)
+    for tag, cfg in _configs():
+        grads, params = _reference(tag, cfg, n)
+        where = f"{NAMES[variant]} ({tag}) on {ranks_label(n)}"
+        for rank, res in enumerate(per_rank):
+            entry = res[(variant, tag)]
+            raise_if_failed(entry, rank, n, where)
+            got = entry["grads"]
+            if got is None:
+                raise AssertionError(f"rank {rank}: {where}: the optimizer never stepped "
+                                     f"(call self.optimizer.step() in optimizer_step)")
+            want = _expected_optimizer_inputs(variant, entry, grads, rank, n)
+            names = [nm for unit in entry["units"] for nm in unit] if STAGE[variant] == 0 else \
+                [f"layer {i} ({unit[0].rsplit('.', 2)[0]})" for i, unit in enumerate(entry["units"])]
+            if len(got) != len(want):
+                raise AssertionError(f"rank {rank}: {where}: the optimizer holds {len(got)} "
+                                     f"tensors, expected {len(want)} ("
+                                     + ("every parameter" if STAGE[variant] == 0 else
+                                        "one shard per layer") + ")")
+            for name, g, w in zip(names, got, want):
+                if g is None or g.shape != w.shape or not torch.allclose(g, w, **TOL):
+                    raise AssertionError(_gradient_message(rank, where, name, g, w, n, variant))
+            for name, value in params.items():
+                mine = entry["params"].get(name)
+                if mine is None or not torch.allclose(mine, value, **TOL):
+                    diff = "missing" if mine is None else \
+                        f"off by up to {(mine - value).abs().max().item():.3g}"
+                    raise AssertionError(
+                        f"rank {rank}: {where}: after {STEPS} Adam steps {name} is {diff} from "
+                        f"single-device training on the whole batch, though the first step's "
+                        f"gradients were right: " + (
+                            "check that each rank's Adam updates its own shard "
+                            "(flat.data[flat.shard]) and that the all-gather brings every "
+                            "rank's shard back to its place before the next forward pass"
+                            if STAGE[variant] else "check what the optimizer steps"))
+
+
+def _gradient_message(rank, where, name, got, want, n, variant) -> str:
+    head = f"rank {rank}: {where}: on the first step the optimizer read a gradient of {name} "
+    if got is None:
+        return head + "that was None: every gradient must be in place when optimizer_step runs"
+    if got.shape != want.shape:
+        return head + f"of shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    s = _scale(got, want)
+    if not torch.allclose(got, s * want, **TOL):
+        s = float("nan")                             # not a multiple of the average
+    if abs(s - 1 / n) < 1e-6:
+        return head + (f"equal to 1/{n} of the average: it was divided by n twice (divide "
+                       f"either before the all-reduce or after it, once)")
+    if abs(s - n) < 1e-6:
+        return head + (f"{n} times the average: the sum over ranks was never divided by n")
+    if variant != "naive":
+        return head + ("that is not the average over ranks: "
+                       + ("a bucket was all-reduced before its last gradient was accumulated "
+                          "(start it only when none of its gradients is missing)"
+                          if variant == "bucketed" else
+                          "was each collective started only once all the gradients it carries "
+                          "were accumulated?"))
+    return head + ("that is not the average of the ranks' gradients (the single-device "
+                   "gradient of the whole batch)")
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("make_buckets")
+def test_make_buckets():
+    """Buckets in reverse order of use, none past the cap unless a lone parameter is larger."""
+    from workbook.grading.labs import load_lab
+    from workbook.model import ModelConfig, ReferenceModel
+    lab = load_lab(LAB)
+    cases = [("made-up sizes", [torch.nn.Parameter(torch.zeros(k)) for k in (3, 5, 2, 9, 1, 4)], 32),
+             ("the reference model", list(ReferenceModel(ModelConfig(n_layers=2)).parameters()),
+              BUCKET_BYTES)]
+    for label, params, cap in cases:
+        got = lab.make_buckets(params, cap)
+        flat = [p for bucket in got for p in bucket]
+        where = f"make_buckets on {label} (cap {cap} bytes)"
+        if [id(p) for p in flat] != [id(p) for p in reversed(params)]:
+            raise AssertionError(f"{where}: the buckets, read in order, must hold every parameter "
+                                 f"once, in reverse order of use (backward makes the last "
+                                 f"layer's gradients first)")
+        for i, bucket in enumerate(got):
+            size = sum(p.numel() * p.element_size() for p in bucket)
+            if not bucket or (size > cap and len(bucket) > 1):
+                raise AssertionError(f"{where}: bucket {i} holds {size} bytes in {len(bucket)} "
+                                     f"parameters; a bucket stays within the cap unless one "
+                                     f"parameter alone is larger")
+            if i + 1 < len(got):
+                nxt = got[i + 1][0]
+                if size + nxt.numel() * nxt.element_size() <= cap:
+                    raise AssertionError(f"{where}: bucket {i} closed at {size} bytes although "
+                                         f"the next parameter would still fit under the cap")
+
+
+@pytest.mark.points(1)
+@pytest.mark.tasks("NaiveDP")
+@pytest.mark.parametrize("n", [2, 4])
+def test_naive_dp(n):
+    """Naive DP: the averaged gradient, and after 3 steps the single-device parameters."""
+    _check_variant("naive", n)
+
+
+@pytest.mark.points(1.5)
+@pytest.mark.tasks("BucketedDP")
+@pytest.mark.parametrize("n", [2, 4])
+def test_bucketed_dp(n):
+    """Bucketed DP: the same numbers as one device, buckets of 32 KiB."""
+    _check_variant("bucketed", n)
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("ShardedTrainer")
+@pytest.mark.parametrize("n", [2, 4])
+def test_zero_1_and_2(n):
+    """ZeRO-1 and ZeRO-2: each rank's shard of the averaged gradient, the same parameters."""
+    _check_variant("zero1", n)
+    _check_variant("zero2", n)
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("Zero3")
+@pytest.mark.parametrize("n", [2, 4])
+def test_zero3(n):
+    """ZeRO-3: the same numbers with parameters sharded at rest."""
+    _check_variant("zero3", n)
+
+
+@pytest.mark.points(1)
+@pytest.mark.tasks("ShardedTrainer", "Zero3")
+@pytest.mark.parametrize("n", [2, 4])
+def test_memory_per_rank(n):
+    """What a ZeRO rank holds between steps, measured from its storages, equals the ZeRO
+    table (``workbook.data_parallel.predicted_memory``)."""
+    from workbook.data_parallel import KINDS, predicted_memory
+    from workbook.model import parameter_shapes
+    n = graded_size(n, 2, 4)
+    per_rank = _numerics(n)
+    tag, cfg = _configs()[0]
+    shapes = parameter_shapes(cfg)
+    for variant in ("zero1", "zero2", "zero3"):
+        for rank, res in enumerate(per_rank):
+            entry = res[(variant, tag)]
+            raise_if_failed(entry, rank, n, f"{NAMES[variant]} ({tag})")
+            numels = [sum(torch.Size(shapes[name]).numel() for name in unit) for unit in entry["units"]]
+            want = predicted_memory(numels, n, STAGE[variant], entry["element_bytes"])
+            for kind in KINDS:
+                if entry["memory"][kind] != want[kind]:
+                    raise AssertionError(_memory_message(rank, n, variant, kind,
+                                                         entry["memory"][kind], want[kind]))
+
+
+def _memory_message(rank, n, variant, kind, got, want) -> str:
+    formula = {("parameters", 3): "Psi/n: only this rank's shards (free each layer's flat "
+                                  "buffer after use: flat.free_params())",
+               ("gradients", 2): "Psi/n: free each layer's full gradient once its "
+                                 "reduce-scatter is done (flat.free_grads())",
+               ("gradients", 3): "Psi/n: free each layer's full gradient once its "
+                                 "reduce-scatter is done (flat.free_grads())",
+               ("optimizer", 1): "2 Psi/n: Adam over this rank's shards only"}
+    stage = STAGE[variant]
+    why = formula.get((kind, stage), formula.get((kind, min(stage, 3)), ""))
+    if kind == "optimizer" and stage:
+        why = "2 Psi/n: Adam over this rank's shards only"
+    return (f"rank {rank}: {NAMES[variant]} on {ranks_label(n)} holds {got / 1e6:.3f} MB of "
+            f"{kind} between steps (measured from its storages); the ZeRO-{stage} table says "
+            f"{want / 1e6:.3f} MB" + (f" = {why}" if why else ""))
+
+
+def _check_traffic(variant: str, trace_root) -> None:
+    """One steady-state step of ``variant`` on 2 and on 3 ranks, from the trace: the
+    collectives of each pass, their number and bytes, against the lesson's formulas."""
+    from workbook.ranks import choose_backend
+    for n in world_sizes(2, 3):
+        link = LINK if choose_backend(None, n) == "gloo" else "none"
+        per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"), link=link,
+                            timeout=TIMEOUT_S, key=("traffic", n, str(trace_root)))
+        for rank, res in enumerate(per_rank):
+            r = res[variant]
+            raise_if_failed(r, rank, n, f"one traced step of {NAMES[variant]}")
+            b, units = r["element_bytes"], r["units"]
+            padded = [-(-u // n) * n * b for u in units]
+            psi, L = sum(r["params"]) * b, len(units)
+            zero12 = {"forward": {"all_gather": (L - 1, sum(padded[1:]))},
+                      "backward": {"reduce_scatter": (L, sum(padded))},
+                      "optimizer": {"all_gather": (1, padded[0])}}
+            want = {"naive": {"backward": {"all_reduce": (len(r["params"]), psi)}},
+                    "bucketed": {"backward": {"all_reduce": (r["buckets"], psi)}},
+                    "zero1": zero12, "zero2": zero12,
+                    "zero3": {"forward": {"all_gather": (L, sum(padded))},
+                              "backward": {"all_gather": (L - 1, sum(padded[:-1])),
+                                           "reduce_scatter": (L, sum(padded))}}}[variant]
+            for phase in ("forward", "backward", "optimizer"):
+                got, expected = r["phases"][phase], want.get(phase, {})
+                for op in sorted((set(got) | set(expected)) - {"barrier"}):
+                    count, nbytes = expected.get(op, (0, 0))
+                    have = got.get(op, {"count": 0, "bytes": 0})
+                    if have["count"] != count or (have["bytes"] is not None
+                                                  and have["bytes"] != nbytes):
+                        raise AssertionError(
+                            f"rank {rank}: {NAMES[variant]} on {ranks_label(n)}, one step, "
+                            f"{phase} pass (from the trace): {have['count']} {op} moving "
+                            f"{have['bytes']} bytes, expected {count} moving {nbytes} bytes; "
+                            + _TRAFFIC_HINTS[variant])
+
+
+def _traffic_test(variant: str, task: str):
+    @pytest.mark.points(0.6)
+    @pytest.mark.tasks(task)
+    def test(trace_root):
+        """The collectives of one step, counted and sized from the trace (2 and 3 ranks)."""
+        _check_traffic(variant, trace_root)
+    return test
+
+
+_TRAFFIC_HINTS = {
+    "naive": "naive DP all-reduces each parameter's gradient once, after backward",
+    "bucketed": "one all-reduce per bucket, each of its flat gradient buffer, during backward",
+    "zero1": "each layer's gradients are reduce-scattered once (backward); its parameters are "
+             "all-gathered once per step: the first layer's at the end of the optimizer step, "
+             "every other one layer ahead, in the next forward pass",
+    "zero2": "each layer's gradients are reduce-scattered once (backward); its parameters are "
+             "all-gathered once per step: the first layer's at the end of the optimizer step, "
+             "every other one layer ahead, in the next forward pass",
+    "zero3": "forward gathers every layer, backward every layer but the last (kept from the "
+             "forward pass) and reduce-scatters each layer's gradients once"}
+
+
+# --------------------------------------------------------------------------- overlap
+def _structure(variant: str, r: dict, phases) -> str | None:
+    """The first structural mistake in ``phases``, read from the link's op log, or None."""
+    where = f"rank {r['rank']}: {NAMES[variant]} (2 ranks, {r['link']})"
+    for phase in phases:
+        p = r[phase]
+        if p["never_waited"]:
+            return (f"{where}: {', '.join(p['never_waited'])} issued in the {phase} pass never "
+                    f"waited on: until work.wait() returns, its buffer need not be complete")
+        if variant == "bucketed" and phase == "backward" and r["late_bytes"] > r["largest"]:
+            return (f"{where}: {r['late_bytes'] / 1e6:.2f} MB of the {r['all_reduce_bytes'] / 1e6:.2f} "
+                    f"MB all-reduced were issued only after the last gradient was ready, more "
+                    f"than one bucket: a bucket's all-reduce should start from the hook that "
+                    f"completes it, and the buckets, in reverse order of use, complete one after "
+                    f"another during backward")
+        if p["at_once"] > EXPOSED_GATHERS:
+            return (f"{where}: {p['at_once']} of the {phase} pass's {p['gathers']} all-gathers were "
+                    f"waited on right after they started, before any compute could hide them; "
+                    f"start layer i + 1's gather before layer i runs"
+                    + (" (i - 1's in backward)" if phase == "backward" else "")
+                    + " and wait for it only when its own layer is about to run")
+    return None
+
+
+def _pct(res, phase) -> float:
+    comm = sum(r[phase]["comm_ms"] for r in res)
+    return hidden_pct(comm, sum(r[phase]["exposed_ms"] for r in res)) if comm else 0.0
+
+
+def _overlap_results(variant: str, tmp_root) -> list[dict]:
+    limits = THRESHOLDS[variant]
+
+    def shortfall(res) -> float:
+        if any("error" in r or "not_implemented" in r or _structure(variant, r, limits)
+               for r in res):
+            return STRUCTURAL
+        return max(limit - _pct(res, ph) for ph, limit in limits.items())
+
+    n, = world_sizes(2)
+    return measure_until_clear(
+        lambda k: on_ranks(n, _overlap, str(tmp_root / f"{variant}{k}"), variant, link=LINK,
+                           timeout=TIMEOUT_S, key=("overlap", variant, str(tmp_root), k)),
+        shortfall)
+
+
+ADVICE = {("bucketed", "backward"): "start each bucket's all-reduce from the gradient hook that "
+                                    "completes it, and wait for them all only after backward",
+          ("zero2", "forward"): "start the first layer's all-gather at the end of the optimizer "
+                                "step and each next layer's before the current one runs",
+          ("zero2", "backward"): "start each layer's reduce-scatter as soon as its gradients are "
+                                 "accumulated; wait only after backward",
+          ("zero3", "forward"): "start layer i + 1's all-gather before layer i runs; wait for it "
+                                "in layer i + 1's pre-hook",
+          ("zero3", "backward"): "start layer i - 1's all-gather before layer i's backward and "
+                                 "each reduce-scatter as soon as the layer's gradients are ready"}
+
+
+def _check_overlap(variant: str, tmp_root) -> None:
+    res = _overlap_results(variant, tmp_root)
+    for r in res:
+        raise_if_failed(r, r["rank"], len(res), f"the overlap run of {NAMES[variant]}")
+        problem = _structure(variant, r, THRESHOLDS[variant])
+        if problem:
+            raise AssertionError(problem)
+    for phase, limit in THRESHOLDS[variant].items():
+        for r in res:
+            if not r[phase]["comm_ms"]:
+                raise AssertionError(f"rank {r['rank']}: {NAMES[variant]}: no communication "
+                                     f"issued in the {phase} pass was found on the link track "
+                                     f"of the trace")
+        worst = min(res, key=lambda r: r[phase]["pct"] or 0.0)
+        o = worst[phase]
+        assert_hidden(
+            _pct(res, phase), limit, rank=worst["rank"],
+            where=f"{NAMES[variant]} (2 ranks, {worst['link']})",
+            what=f"the link time issued in the {phase} pass",
+            details=", ".join(f"rank {r['rank']} {r[phase]['pct']:.0f}%" for r in res)
+            + f"; {o['count']} ops ({', '.join(o['ops'])}), {o['comm_ms']:.0f} ms on the link on "
+              f"rank {worst['rank']}, {o['exposed_ms']:.0f} ms exposed, not counting "
+              f"{o['skew_ms']:.0f} ms while the other rank was late",
+            advice=ADVICE[(variant, phase)])
+
+
+trace_root = trace_root_fixture("dp_overlap_traces")
+test_traffic_naive = _traffic_test("naive", "NaiveDP")
+test_traffic_bucketed = _traffic_test("bucketed", "BucketedDP")
+test_traffic_zero1 = _traffic_test("zero1", "ShardedTrainer")
+test_traffic_zero2 = _traffic_test("zero2", "ShardedTrainer")
+test_traffic_zero3 = _traffic_test("zero3", "Zero3")
+
+
+@pytest.mark.points(3)
+@pytest.mark.tasks("BucketedDP")
+def test_bucketed_all_reduce_hidden(trace_root):
+    """Bucketed DP: each bucket issued as soon as it is complete; at least 50% of the
+    all-reduce time hidden behind the backward pass."""
+    _check_overlap("bucketed", trace_root)
+
+
+@pytest.mark.points(3)
+@pytest.mark.tasks("ShardedTrainer")
+def test_zero2_traffic_hidden(trace_root):
+    """ZeRO-2: the reduce-scatters hidden behind backward (50%), the parameter all-gathers
+    behind the next forward pass (30%: the first block's is exposed behind the embedding)."""
+    _check_overlap("zero2", trace_root)
+
+
+@pytest.mark.points(4)
+@pytest.mark.tasks("Zero3")
+def test_zero3_gathers_hidden(trace_root):
+    """ZeRO-3: one-layer prefetch hides the all-gathers, forward (30%) and backward (50%)."""
+    _check_overlap("zero3", trace_root)
