@@ -308,19 +308,23 @@ def _gradient_message(rank, where, name, got, want, n, variant) -> str:
     if not torch.allclose(got, s * want, **TOL):
         s = float("nan")                             # not a multiple of the average
     if abs(s - 1 / n) < 1e-6:
-        return head + (f"equal to 1/{n} of the average: it was divided by n twice (divide "
-                       f"either before the all-reduce or after it, once)")
-    if abs(s - n) < 1e-6:
-        return head + (f"{n} times the average: the sum over ranks was never divided by n")
-    if variant != "naive":
-        return head + ("that is not the average over ranks: "
-                       + ("a bucket was all-reduced before its last gradient was accumulated "
-                          "(start it only when none of its gradients is missing)"
-                          if variant == "bucketed" else
-                          "was each collective started only once all the gradients it carries "
-                          "were accumulated?"))
-    return head + ("that is not the average of the ranks' gradients (the single-device "
-                   "gradient of the whole batch)")
+        seen = f"equal to 1/{n} of the average: it was divided by n twice"
+        fix = "divide either before the collective or after it, once"
+    elif abs(s - n) < 1e-6:
+        seen = f"{n} times the average: the sum over ranks, never divided by n"
+        fix = "divide by n once, before or after the collective"
+    else:
+        seen = ("that is not the average of the ranks' gradients (the single-device gradient "
+                "of the whole batch)")
+        fix = "every gradient the optimizer reads must be the average over ranks"
+    if variant == "bucketed":
+        fix = ("a bucket divided and all-reduced before all of its gradients were accumulated "
+               "does this: start a bucket's all-reduce only when none of its gradients is "
+               "missing")
+    elif variant != "naive" and s != s:
+        fix = ("start a layer's reduce-scatter only once all of its gradients are accumulated, "
+               "and hand Adam the shard the reduce-scatter filled")
+    return head + f"{seen}; {fix}"
 
 
 @pytest.mark.points(2)

@@ -1,0 +1,84 @@
+"""The dp_overlap grader catches the mistakes the lab is about: each deliberately wrong lab in
+tests/grading/wrong/dp_overlap_*/ fails exactly the checks it should, with a message that teaches.
+
+* bucket_started_early: a bucket's all-reduce starts at its first gradient -> the bucketed
+  numerics, naming the bucket;
+* buckets_in_forward_order: buckets in order of use -> make_buckets, and the bucketed overlap
+  test on structure (every bucket issued after the last gradient was ready);
+* gather_waited_at_once: each parameter all-gather waited on as it starts -> both ZeRO overlap
+  tests, on structure;
+* grad_averaged_twice: ZeRO divides by n twice -> the ZeRO-1/2 and ZeRO-3 numerics, naming 1/n;
+* shard_wrong_slice: ZeRO-1/2's Adam steps the next rank's slice -> the ZeRO-1/2 numerics.
+
+To keep CI short, each folder runs through the self-check engine (``engine.run_checks``: the
+grader's own test functions, the same messages) in this process, on the warm rank pools, and
+only the checks of the variants its mistake is in: the other variants' checks share no code
+with it; under a cap of 2 ranks.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from workbook.grading import engine
+from workbook.grading.labs import ENV_IMPL
+from wrong_labs import WRONG
+
+BUCKETED = ("make_buckets", "bucketed_dp", "traffic_bucketed", "bucketed_all_reduce_hidden")
+ZERO = ("zero_1_and_2", "zero3", "memory_per_rank", "traffic_zero1", "traffic_zero2",
+        "traffic_zero3", "zero2_traffic_hidden", "zero3_gathers_hidden")
+NUMBERS = ["rank ", "ranks", "on the first step the optimizer read a gradient of"]
+
+# folder -> (checks run, {failing check (without [n]): words its message must contain})
+CASES = {
+    "dp_overlap_bucket_started_early": (BUCKETED, {
+        "bucketed_dp": NUMBERS + ["BucketedDP", "before all of its gradients were accumulated"]}),
+    "dp_overlap_buckets_in_forward_order": (BUCKETED, {
+        "make_buckets": ["reverse order of use"],
+        "bucketed_all_reduce_hidden": ["rank ", "issued only after the last gradient was ready",
+                                       "more than one bucket"]}),
+    "dp_overlap_gather_waited_at_once": (ZERO, {
+        t: ["rank ", "all-gathers were waited on right after they started", "layer i + 1"]
+        for t in ("zero2_traffic_hidden", "zero3_gathers_hidden")}),
+    "dp_overlap_grad_averaged_twice": (ZERO, {
+        "zero_1_and_2": NUMBERS + ["ShardedTrainer(stage=1)", "1/2 of the average",
+                                   "divided by n twice"],
+        "zero3": NUMBERS + ["Zero3", "1/2 of the average", "divided by n twice"]}),
+    "dp_overlap_shard_wrong_slice": (ZERO, {
+        "zero_1_and_2": ["rank ", "after 3 Adam steps", "though the first step's gradients were "
+                         "right", "flat.data[flat.shard]"]}),
+}
+
+
+def _verdicts(folder: str, only) -> list:
+    """The verdicts of ``only`` on the wrong lab ``folder``, graded under a cap of 2 ranks (as
+    a small grading machine would: every check still runs, on 2 ranks)."""
+    saved = {k: os.environ.get(k) for k in (ENV_IMPL, engine.ENV_MAX_RANKS)}
+    os.environ.update({ENV_IMPL: str(WRONG / folder), engine.ENV_MAX_RANKS: "2"})
+    try:
+        return engine.run_checks("dp_overlap", only=only)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.parametrize("folder", sorted(CASES))
+def test_wrong_dp_overlap_caught(folder):
+    only, expected = CASES[folder]
+    verdicts = _verdicts(folder, only)
+    assert verdicts, "no check ran"
+    failed = {v.name.split("[")[0] for v in verdicts if v.status != engine.PASSED}
+    assert failed == set(expected), (
+        f"{folder}: expected exactly {sorted(expected)} to fail, got "
+        + "; ".join(f"{v.name}: {v.status}: {v.message[:300]}" for v in verdicts
+                    if v.status != engine.PASSED))
+    for v in verdicts:
+        if v.status == engine.PASSED:
+            continue
+        assert v.status == engine.FAILED, f"{folder}: {v.name} is {v.status}: {v.message[:800]}"
+        for word in expected[v.name.split("[")[0]]:
+            assert word in v.message, f"{folder}: {v.name}'s message lacks {word!r}:\n{v.message[:1500]}"
