@@ -151,15 +151,18 @@ class FlightRecorder:
                 return WaitOnce(result, self, call)
             if name == "batch_isend_irecv" and isinstance(result, list):
                 return [WaitOnce(w, self, call) for w in result]
+            if kwargs.get("async_op") and result is not None:   # a hang in its wait names it
+                return WaitOnce(result, self, call)
             return result
         return recorded
 
 
 class WaitOnce:
-    """A point-to-point work that may be waited on more than once, as NCCL's may: gloo's send
-    and receive works block for ever on a second ``wait()`` (each wait takes one completion),
-    which would turn a harmless extra wait in a learner's ring into a hang. While it waits, the
-    rank's slot says so, so that a hang report names the wait (a peer that never sent)."""
+    """A work that may be waited on more than once, as NCCL's may: gloo's send and receive
+    works block for ever on a second ``wait()`` (each wait takes one completion), which would
+    turn a harmless extra wait in a learner's ring into a hang. While it waits, the rank's slot
+    says so, so that a hang report names the wait (a peer that never sent, a collective some
+    rank never started). Point-to-point works and asynchronous collectives' works are wrapped."""
 
     def __init__(self, work, recorder: "FlightRecorder", call: Call):
         self._work, self._recorder, self._call, self._done = work, recorder, call, False

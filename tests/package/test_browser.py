@@ -4,8 +4,9 @@ The test starts JupyterLab on 127.0.0.1 (a free port, a token, ``--no-browser``)
 temporary copy of ``lessons/`` (so autosave cannot touch the committed notebooks), drives
 Debian's Chromium through its chromedriver with the W3C WebDriver protocol (plain HTTP, no extra
 Python package), opens a lesson, runs every cell, and checks that the kernel reported no error,
-that a plotly figure was drawn and that an ipywidgets control was drawn. Two lessons run: the
-first one (collectives on ranks) and lesson 8 (profiler traces, a benchmark, a widget panel).
+that a plotly figure was drawn and that an ipywidgets control was drawn. Three lessons run: the
+first one (collectives on ranks), lesson 8 (profiler traces, a benchmark, a widget panel) and
+lesson 9 (training steps on ranks, bucket timelines, memory figures, a widget).
 A screenshot per lesson is kept in ``tests/artifacts/``. JupyterLab, its kernel and Chromium
 are stopped at the end, pass or fail.
 
@@ -32,7 +33,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
-LESSONS = ["01_collectives.ipynb", "08_tp_overlap.ipynb"]
+LESSONS = ["01_collectives.ipynb", "08_tp_overlap.ipynb", "09_dp_overlap.ipynb"]
 CHROMIUM = shutil.which("chromium") or (
     "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 CHROMEDRIVER = shutil.which("chromedriver") or (
