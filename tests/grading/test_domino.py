@@ -32,8 +32,8 @@ import torch
 from workbook.domino_measure import inputs, recalibrate
 from workbook.grading.checks import assert_equal_on_rank
 from workbook.grading.engine import on_ranks, world_sizes
-from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
-from workbook.grading.trace_checks import assert_hidden, trace_root_fixture
+from workbook.grading.timing import STRUCTURAL, measure_until_clear
+from workbook.grading.trace_checks import assert_hidden, ranks_hidden_pct, trace_root_fixture
 from workbook.tp_stack import HEAD, Stage, TPStack, reference_step, stages, vanilla_tp_forward
 
 FWD_THRESHOLD_PCT = 70.0    # thresholds sit below the reference's lowest figure under load and on
@@ -367,7 +367,7 @@ def _overlap_results(tmp_root) -> list[dict]:
     def shortfall(res) -> float:
         if any(_structure(r) for r in res):
             return STRUCTURAL
-        return max(_limit(ph) - _pct(res, ph) for ph in ("forward", "backward"))
+        return max(_limit(ph) - ranks_hidden_pct(res, ph) for ph in ("forward", "backward"))
 
     n, = world_sizes(2)
     return measure_until_clear(
@@ -380,12 +380,6 @@ def _limit(phase: str) -> float:
     return FWD_THRESHOLD_PCT if phase == "forward" else BWD_THRESHOLD_PCT
 
 
-def _pct(res, phase) -> float:
-    """The share of the job's communication (all ranks together) hidden behind compute, not
-    counting exposed time while the other rank was late."""
-    comm = sum(r[phase]["comm_ms"] for r in res)
-    return hidden_pct(comm, sum(r[phase]["exposed_ms"] for r in res)) if comm else 0.0
-
 
 def _check_overlap(phase: str, tmp_root) -> None:
     res = _overlap_results(tmp_root)
@@ -397,7 +391,7 @@ def _check_overlap(phase: str, tmp_root) -> None:
         if r[phase]["count"] == 0 or not r[phase]["comm_ms"]:
             raise AssertionError(f"rank {r['rank']}: no all-reduce issued in the {phase} pass was "
                                  f"found on the link track of the trace")
-    pct = _pct(res, phase)
+    pct = ranks_hidden_pct(res, phase)
     worst = min(res, key=lambda r: r[phase]["pct"] or 0.0)
     o = worst[phase]
     per_rank = ", ".join(f"rank {r['rank']} {r[phase]['pct']:.0f}%" for r in res)

@@ -28,9 +28,9 @@ import torch
 
 from workbook.domino_measure import recalibrate
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
+from workbook.grading.timing import STRUCTURAL, measure_until_clear
 from workbook.grading.tp_checks import rank_error, ranks_label, raise_if_failed, to_cpu
-from workbook.grading.trace_checks import assert_hidden, trace_root_fixture
+from workbook.grading.trace_checks import assert_hidden, ranks_hidden_pct, trace_root_fixture
 
 LAB = "dp_overlap"
 TIMEOUT_S = 60.0
@@ -511,10 +511,6 @@ def _structure(variant: str, r: dict, phases) -> str | None:
     return None
 
 
-def _pct(res, phase) -> float:
-    comm = sum(r[phase]["comm_ms"] for r in res)
-    return hidden_pct(comm, sum(r[phase]["exposed_ms"] for r in res)) if comm else 0.0
-
 
 def _overlap_results(variant: str, tmp_root) -> list[dict]:
     limits = THRESHOLDS[variant]
@@ -523,7 +519,7 @@ def _overlap_results(variant: str, tmp_root) -> list[dict]:
         if any("error" in r or "not_implemented" in r or _structure(variant, r, limits)
                for r in res):
             return STRUCTURAL
-        return max(limit - _pct(res, ph) for ph, limit in limits.items())
+        return max(limit - ranks_hidden_pct(res, ph) for ph, limit in limits.items())
 
     n, = world_sizes(2)
     return measure_until_clear(
@@ -560,7 +556,7 @@ def _check_overlap(variant: str, tmp_root) -> None:
         worst = min(res, key=lambda r: r[phase]["pct"] or 0.0)
         o = worst[phase]
         assert_hidden(
-            _pct(res, phase), limit, rank=worst["rank"],
+            ranks_hidden_pct(res, phase), limit, rank=worst["rank"],
             where=f"{NAMES[variant]} (2 ranks, {worst['link']})",
             what=f"the link time issued in the {phase} pass",
             details=", ".join(f"rank {r['rank']} {r[phase]['pct']:.0f}%" for r in res)

@@ -28,10 +28,10 @@ import torch
 
 from workbook.domino_measure import recalibrate
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
+from workbook.grading.timing import STRUCTURAL, measure_until_clear
 from workbook.grading.tp_checks import B, STEP, check_part, cut, grads, ints, raise_if_failed, \
     randn, rank_error, ranks_label, run_every_part, run_traced_block, to_cpu
-from workbook.grading.trace_checks import assert_hidden, trace_root_fixture
+from workbook.grading.trace_checks import assert_hidden, ranks_hidden_pct, trace_root_fixture
 
 LAB = "tp_overlap"
 TIMEOUT_S = 120.0
@@ -399,16 +399,12 @@ def _limit(phase: str) -> float:
     return FWD_THRESHOLD_PCT if phase == "forward" else BWD_THRESHOLD_PCT
 
 
-def _pct(res, phase) -> float:
-    comm = sum(r[phase]["comm_ms"] for r in res)
-    return hidden_pct(comm, sum(r[phase]["exposed_ms"] for r in res)) if comm else 0.0
-
 
 def _overlap_results(tmp_root) -> list[dict]:
     def shortfall(res) -> float:
         if any("error" in r or "not_implemented" in r or _structure(r) for r in res):
             return STRUCTURAL
-        return max(_limit(ph) - _pct(res, ph) for ph in ("forward", "backward"))
+        return max(_limit(ph) - ranks_hidden_pct(res, ph) for ph in ("forward", "backward"))
 
     n, = world_sizes(2)
     return measure_until_clear(
@@ -430,7 +426,7 @@ def _check_overlap(phase: str, tmp_root) -> None:
     worst = min(res, key=lambda r: r[phase]["pct"] or 0.0)
     o = worst[phase]
     assert_hidden(
-        _pct(res, phase), _limit(phase), rank=worst["rank"],
+        ranks_hidden_pct(res, phase), _limit(phase), rank=worst["rank"],
         where=f"OverlapBlock [pipelined+bulk] (2 ranks, {worst['link']})",
         what=f"the link time issued in the {phase} pass",
         details=", ".join(f"rank {r['rank']} {r[phase]['pct']:.0f}%" for r in res)

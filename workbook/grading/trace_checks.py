@@ -4,7 +4,9 @@ how much communication compute hid.
 * ``trace_root_fixture(prefix)``: a module-scoped pytest fixture ``trace_root``, one fresh folder
   for the module's traces (the self-check passes its own ``trace_root``);
 * ``assert_hidden(pct, at_least, ...)``: fail, in the words every overlap check uses, when less
-  than ``at_least`` % of the graded communication was hidden behind compute.
+  than ``at_least`` % of the graded communication was hidden behind compute;
+* ``ranks_hidden_pct(res, phase)``: the share of the job's communication in a phase (all ranks
+  together) hidden behind compute, rank skew excused.
 """
 from __future__ import annotations
 
@@ -36,3 +38,12 @@ def assert_hidden(pct: float, at_least: float, *, rank: int, where: str, what: s
         raise AssertionError(
             f"rank {rank}: {where}: {pct:.0f}% of {what} ({details}) was hidden behind compute, "
             f"read from the trace; at least {at_least:.0f}% is expected. {advice}")
+
+
+def ranks_hidden_pct(res: list[dict], phase: str) -> float:
+    """The share of the job's link time issued in ``phase`` (every rank's ``res[r][phase]``
+    figures, ``comm_ms`` and ``exposed_ms`` with skew already excused, added up) hidden behind
+    compute; 0 when no communication was seen."""
+    from workbook.grading.timing import hidden_pct
+    comm = sum(r[phase]["comm_ms"] for r in res)
+    return hidden_pct(comm, sum(r[phase]["exposed_ms"] for r in res)) if comm else 0.0
