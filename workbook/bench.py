@@ -201,9 +201,11 @@ TARGETS = {
     "domino": "Domino vs vanilla TP vs no communication (own options: workbook bench domino --help)",
     "tp_overlap": "SP's comm inside the GEMMs vs plain SP vs Domino (own options: "
                   "workbook bench tp_overlap --help)",
+    "dp_overlap": "bucketed DP, ZeRO-1/2/3 vs naive DP vs no communication (own options: "
+                  "workbook bench dp_overlap --help)",
 }
 DOMINO = "domino"
-OWN_OPTIONS = (DOMINO, "tp_overlap")                       # routed by cli.main, as domino is
+OWN_OPTIONS = (DOMINO, "tp_overlap", "dp_overlap")         # routed by cli.main, as domino is
 
 
 def _targets_epilog() -> str:

@@ -9,6 +9,7 @@
     workbook bench COLLECTIVE             nccl-tests-style bandwidth table
     workbook bench domino                 Domino vs vanilla TP vs no communication
     workbook bench tp_overlap             SP's comm inside the GEMMs vs plain SP vs Domino
+    workbook bench dp_overlap             bucketed DP and ZeRO-1/2/3 vs naive DP vs no communication
 """
 from __future__ import annotations
 
@@ -217,7 +218,20 @@ def tp_overlap_bench_parser() -> argparse.ArgumentParser:
     return parser
 
 
-BENCH_PARSERS = {"domino": domino_bench_parser, "tp_overlap": tp_overlap_bench_parser}
+def dp_overlap_bench_parser() -> argparse.ArgumentParser:
+    """``workbook bench dp_overlap``: bucketed DP and ZeRO-1/2/3 with their traffic hidden vs
+    naive DP and the no-communication optimum, beside the overlap arithmetic's predictions."""
+    from workbook import bench_dp_overlap
+    parser = argparse.ArgumentParser(prog="workbook bench dp_overlap",
+                                     description=dp_overlap_bench_parser.__doc__)
+    bench_dp_overlap.add_arguments(parser)
+    parser.set_defaults(func=lambda a: bench_dp_overlap.run_bench(a) and 0,
+                        command="bench dp_overlap")
+    return parser
+
+
+BENCH_PARSERS = {"domino": domino_bench_parser, "tp_overlap": tp_overlap_bench_parser,
+                 "dp_overlap": dp_overlap_bench_parser}
 
 
 def main(argv=None) -> int:

@@ -197,19 +197,28 @@ def _note_arrival(record: OpRecord) -> None:
 class LinkWork(dist._Work):
     """A work whose ``wait()`` also waits out the modelled transfer time."""
 
-    def __init__(self, inner, record: OpRecord | None, result=None):
+    def __init__(self, inner, record: OpRecord | None, result=None, then=None):
         super().__init__()
-        self._inner, self._record, self._result = inner, record, result
+        self._inner, self._record, self._result, self._then = inner, record, result, then
+
+    def _finish(self) -> None:
+        """Run the step that completes the op once gloo is done (a reduce-scatter's copy)."""
+        if self._then is not None:
+            then, self._then = self._then, None
+            then()
 
     def wait(self, timeout=None):
         if self._record is None:
-            return self._inner.wait()
+            self._inner.wait()
+            self._finish()
+            return True
         if not self._record.first_wait_ns:
             self._record.first_wait_ns = time.perf_counter_ns()
         # the whole wait is blocked time on the compute thread: a late peer (the real gloo op)
         # and the modelled transfer alike, so the trace never counts it as compute
         with torch.profiler.record_function(f"link_wait:{self._record.op}"):
             self._inner.wait()
+            self._finish()
             if not self._record.arrival_ns:
                 self._record.arrival_ns = time.perf_counter_ns()
             delay = (self._record.end_ns - time.perf_counter_ns()) / 1e9
@@ -266,10 +275,10 @@ class LinkedProcessGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     # -- the bookkeeping every op shares
-    def _charge(self, op: str, inner, size_bytes: int, async_op: bool = True):
+    def _charge(self, op: str, inner, size_bytes: int, async_op: bool = True, then=None):
         link = STATE.link
         if link is None:
-            return LinkWork(inner, None)
+            return LinkWork(inner, None, then=then)
         n = self.size()
         rec = OpRecord(0, op, size_bytes, n, async_op, time.perf_counter_ns(),
                        int(link.op_time(op, size_bytes, n) * 1e9))
@@ -286,7 +295,7 @@ class LinkedProcessGroup(dist.ProcessGroup):
             for d in lanes:
                 STATE.free_at_ns[d] = rec.end_ns
             STATE.log.append(rec)
-        return LinkWork(inner, rec)
+        return LinkWork(inner, rec, then=then)
 
     def _collective(self, op: str, method: str, args: tuple, opts, options, size_bytes: int):
         """gloo's ``method(*args, opts)`` (``opts`` defaulting to ``options()``), charged to the
@@ -329,8 +338,18 @@ class LinkedProcessGroup(dist.ProcessGroup):
                                 opts, c10d.ReduceScatterOptions, _nbytes(input_tensors))
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        return self._collective("reduce_scatter", "_reduce_scatter_base", (output, input), opts,
-                                c10d.ReduceScatterOptions, _nbytes([input]))
+        # gloo's own reduce_scatter_tensor completes its future only when waited on, so a peer
+        # that arrived late could not be told from a rank that waited late (the trace would
+        # excuse a late wait as skew). It runs as gloo's all-reduce of a copy instead, whose
+        # future fires when every peer is done, and this rank's piece is taken at wait().
+        opts = opts or c10d.ReduceScatterOptions()
+        summed = input.clone()                                           # [n * m]
+        ar = c10d.AllreduceOptions()
+        ar.reduceOp = opts.reduceOp
+        inner = self._gloo.allreduce([summed], ar)
+        piece = summed.view(self.size(), -1)[self.rank()]                # [m]
+        return self._charge("reduce_scatter", inner, _nbytes([input]),
+                            then=lambda: output.view(-1).copy_(piece))
 
     reduce_scatter_single = _reduce_scatter_base                 # torch >= 2.6 routes here
 
