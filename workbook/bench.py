@@ -39,7 +39,7 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # --------------------------------------------------------------------------- sizes
 def parse_size(text: str) -> int:
     """``"4096"``, ``"1K"``, ``"64M"``, ``"1G"`` (binary units) -> bytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGB]?)(?:i?B)?\s*", text.upper())
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGB]?)(?:I?B)?\s*", text.upper())
     if not m:
         raise ValueError(f"not a size: {text!r} (use e.g. 4096, 1K, 64M)")
     return int(m[1]) * _UNITS[m[2]]

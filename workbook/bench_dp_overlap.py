@@ -78,7 +78,7 @@ def add_arguments(parser) -> None:
 def size(text: str) -> int:
     """``"256KiB"``, ``"1M"``, ``"4096"`` -> bytes."""
     from workbook.bench import parse_size
-    return parse_size(text.strip().removesuffix("iB").removesuffix("IB"))
+    return parse_size(text)
 
 
 def names(variants, buckets: str) -> list[str]:

@@ -67,6 +67,17 @@ def test_schedule_model():
                                                                 "bucketed@1MiB"]
 
 
+def test_sizes_with_binary_suffixes():
+    """``workbook.bench.parse_size`` reads 256KiB as well as 256K (it once upper-cased the text
+    and then looked for a lower-case i)."""
+    from workbook.bench import parse_size
+    assert [parse_size(t) for t in ("4096", "1K", "256KiB", "1MiB", "64M", "1GB", "8B")] == \
+        [4096, 1024, 256 << 10, 1 << 20, 64 << 20, 1 << 30, 8]
+    assert bench.size("4MiB") == 4 << 20
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("1Q")
+
+
 def test_bad_options_fail_in_one_line():
     with pytest.raises(SystemExit) as err:
         bench.run_bench(_args("--heads", "5", "--nproc", "3", "--variants", "naive,ring",
