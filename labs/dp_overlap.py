@@ -112,10 +112,10 @@ class BucketedDP(Trainer):
 class ShardedTrainer(Trainer):
     """The distributed optimizer (ZeRO stage 1 or 2). Each layer's parameters live in one flat
     buffer; this rank owns the shard ``flat.data[flat.shard]`` and Adam steps only that shard
-    (so Adam's two moments take 2 Psi/n). Per layer, in the backward pass: ``RS(grad / n)`` into the
-    shard's ``.grad``; after the step: ``AG`` of the updated shards back into the flat
-    buffer, one layer ahead of the next forward pass. Stage 2 frees each full gradient once
-    its reduce-scatter is done; stage 1 keeps it."""
+    (so Adam's two moments take 2 Psi/n). Per layer, in the backward pass: ``RS(grad / n)``
+    into the shard's ``.grad``; after the step: ``AG`` of the updated shards back into the
+    flat buffer, one layer ahead of the next forward pass. Stage 2 frees each full gradient
+    once its reduce-scatter is done; stage 1 keeps it."""
 
     def __init__(self, cfg: ModelConfig, device=None, stage: int = 2):
         super().__init__(cfg, device)
@@ -142,6 +142,7 @@ class ShardedTrainer(Trainer):
         self.missing = [len(f.params) for f in self.flats]
 
     def grad_ready(self, i: int) -> None:
+        """One gradient of layer ``i`` is accumulated; the last one starts its reduce-scatter."""
         self.missing[i] -= 1
         if self.missing[i] == 0:
             self.reduce_scatter_grads(i)
