@@ -43,9 +43,11 @@ NAMES = {"naive": "NaiveDP", "bucketed": "BucketedDP", "zero1": "ShardedTrainer(
 STAGE = {"naive": 0, "bucketed": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 TOL = dict(rtol=1e-9, atol=1e-12)
 AT_ONCE = 0.05                # waited within 5% of its modelled time after issue: nothing hid it
-EXPOSED_GATHERS = 2           # per pass: the first layer's, and the one prefetched behind the
-                              # embedding (whose compute is a table lookup)
-THRESHOLDS = {"bucketed": {"backward": 50.0}, "zero2": {"forward": 30.0, "backward": 50.0},
+EXPOSED_GATHERS = 3           # per pass, gathers nothing can hide: forward, the embedding's (the
+                              # first), block 0's (prefetched behind the embedding, a table
+                              # lookup) and the head's (behind the final norm); backward, the last
+                              # block's (behind the final norm's backward)
+THRESHOLDS = {"bucketed": {"backward": 40.0}, "zero2": {"forward": 30.0, "backward": 50.0},
               "zero3": {"forward": 30.0, "backward": 50.0}}   # below the reference's lowest
                               # figure under load and on one core by a measured margin (README)
 
@@ -577,7 +579,7 @@ test_traffic_zero3 = _traffic_test("zero3", "Zero3")
 @pytest.mark.points(3)
 @pytest.mark.tasks("BucketedDP")
 def test_bucketed_all_reduce_hidden(trace_root):
-    """Bucketed DP: each bucket issued as soon as it is complete; at least 50% of the
+    """Bucketed DP: each bucket issued as soon as it is complete; at least 40% of the
     all-reduce time hidden behind the backward pass."""
     _check_overlap("bucketed", trace_root)
 
