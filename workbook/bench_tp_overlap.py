@@ -39,7 +39,6 @@ Figures are on the simulated link (``workbook.link``): a CPU in slow motion, lab
 """
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -291,16 +290,13 @@ def figure(result: dict):
 
 
 def run_bench(args) -> dict:
+    from workbook.domino_measure import save_outputs
     variants = [x.strip() for x in args.variants.split(",") if x.strip()]
     result = measure(impl=args.impl, nproc=args.nproc, link=args.link, variants=variants,
                      steps=args.steps, warmup=args.warmup, trace_dir=args.trace_dir,
                      **{k: getattr(args, k) for k in (*DEFAULTS, *EXTRA)})
     print(report(result))
-    for path, write in ((args.json, lambda p: p.write_text(json.dumps(result, indent=2) + "\n")),
-                        (getattr(args, "figure", None), lambda p: figure(result).write_html(p))):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            write(Path(path))
+    save_outputs(result, args.json, getattr(args, "figure", None), figure)
     return result
 
 

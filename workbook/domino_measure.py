@@ -202,3 +202,15 @@ def registry_problem(module) -> str | None:
     except Exception as exc:                         # noqa: BLE001 - reported, then the reference
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def save_outputs(result: dict, json_path=None, html_path=None, make_figure=None) -> None:
+    """A model benchmark's ``--json`` (the result, indented) and ``--figure`` (plotly HTML from
+    ``make_figure(result)``), each written only when its path is given (folders made)."""
+    import json
+    from pathlib import Path
+    for path, write in ((json_path, lambda p: p.write_text(json.dumps(result, indent=2) + "\n")),
+                        (html_path, lambda p: make_figure(result).write_html(p))):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            write(Path(path))
