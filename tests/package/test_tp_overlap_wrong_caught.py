@@ -10,13 +10,14 @@ tests/grading/wrong/tp_overlap_*/ fails exactly the tests it should, with a mess
 * bulk_gather_waited_at_once: the column-parallel backward waits for the input's all-gather
   at once -> the backward overlap test only, on structure.
 
-Each folder is graded in its own pytest subprocess, one after the other (the overlap tests
-measure wall-clock time).
+Each folder is graded through the self-check engine in this process, one after the other (the
+overlap tests measure wall-clock time), on the warm rank pools: the same checks and messages as
+a pytest subprocess, without starting torch and four pools per folder.
 """
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, grade
+from wrong_labs import assert_caught, grade_in_process
 
 NUMERICS = ("test_linears", "test_mlp", "test_attention", "test_block")
 BOTH_OVERLAPS = ("test_forward_communication_hidden", "test_backward_communication_hidden")
@@ -44,10 +45,8 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tp_overlap_wrong")
-    return {folder: grade(folder, "test_tp_overlap.py", tmp / f"{folder}.xml", timeout=600)
-            for folder in CASES}
+def outcomes():
+    return {folder: grade_in_process(folder, "tp_overlap") for folder in CASES}
 
 
 @pytest.mark.parametrize("folder", sorted(CASES))

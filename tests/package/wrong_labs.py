@@ -46,6 +46,26 @@ def grade(folder: str, test_file: str, junit: Path, timeout: float = 300) -> dic
     return outcome
 
 
+def grade_in_process(folder: str, lab: str) -> dict[str, str | None]:
+    """As ``grade``, through the self-check engine in this process (``engine.run_checks``: the
+    grader's own test functions, the same messages) on the warm rank pools instead of a pytest
+    subprocess that starts its own: ``{test name: failure message, or None if it passed}``."""
+    from workbook.grading import engine
+    from workbook.grading.labs import ENV_IMPL
+    saved = os.environ.get(ENV_IMPL)
+    os.environ[ENV_IMPL] = str(WRONG / folder)
+    try:
+        verdicts = engine.run_checks(lab)
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_IMPL, None)
+        else:
+            os.environ[ENV_IMPL] = saved
+    return {f"test_{v.name}": None if v.status in (engine.PASSED, engine.SKIPPED) else
+            v.message if v.status == engine.FAILED else f"{v.status}: {v.message}"
+            for v in verdicts}
+
+
 def assert_caught(folder: str, outcome: dict, expected: dict, never=()) -> None:
     """Exactly the tests of ``expected`` failed, each message holding its words (and not
     "not implemented yet"); no first line of a message holds a word of ``never``."""
