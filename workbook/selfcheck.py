@@ -117,10 +117,19 @@ def _figures(lab, nproc, link, trace_dir, timeout, job, out) -> None:
     out(report.describe(results))
     if link != "none":
         out(f"  (times on the simulated {link} link, not measured hardware)")
-    if trace_dir and (job is None or job.rank == 0) and any(Path(trace_dir).glob("rank*.trace.json*")):
+    if trace_dir and (job is None or job.rank == 0):
         from workbook.trace.report import write_report
-        out(f"  traces: {trace_dir}\n  trace report: "
-            f"{write_report(trace_dir, Path(trace_dir) / 'report.html')}")
+        for folder in trace_folders(trace_dir):
+            out(f"  traces: {folder}\n  trace report: "
+                f"{write_report(str(folder), folder / 'report.html')}")
+
+
+def trace_folders(trace_dir) -> list:
+    """The folders of ``trace_dir`` that hold one run's rank traces: ``trace_dir`` itself, and
+    (for a report that traces each variant apart, as dp_overlap's) each subfolder that does."""
+    root = Path(trace_dir)
+    candidates = [root, *sorted(p for p in root.iterdir() if p.is_dir())] if root.is_dir() else []
+    return [d for d in candidates if any(d.glob("rank*.trace.json*"))]
 
 
 # --------------------------------------------------------------------------- a lab's __main__
