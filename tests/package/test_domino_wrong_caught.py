@@ -9,13 +9,14 @@ tests/grading/wrong/domino_*/ fails exactly the tests it should, with a message 
 * schedule_ignores_lookahead: ``schedule`` prepares each unit right before its compute -> the
   schedule tests (instant, naming the event that came too early), then backward overlap.
 
-Each folder is graded in its own pytest subprocess, one after the other: the overlap tests
+Each folder is graded through the self-check engine in this process (the grader's own checks
+and messages, on the warm rank pools), one after the other: the overlap tests
 measure wall-clock time, and several graders at once on a small machine would disturb each other.
 """
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, grade
+from wrong_labs import assert_caught, grade_in_process
 
 NUMERICS = ("test_domino_matches_reference_tp2", "test_domino_matches_reference_tp4")
 BOTH_OVERLAPS = ("test_forward_communication_hidden", "test_backward_communication_hidden")
@@ -51,10 +52,8 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("domino_wrong")
-    return {folder: grade(folder, "test_domino.py", tmp / f"{folder}.xml", timeout=600)
-            for folder in CASES}
+def outcomes():
+    return {folder: grade_in_process(folder, "domino") for folder in CASES}
 
 
 @pytest.mark.parametrize("folder", sorted(CASES))

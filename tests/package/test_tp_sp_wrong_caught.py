@@ -1,15 +1,14 @@
 """The tp and sp graders catch the classic tensor-parallel mistakes.
 
-Each deliberately wrong folder in tests/grading/wrong/ is graded in a pytest subprocess
-(``--impl tests/grading/wrong/X``, JUnit XML read back), as a course's CI would run it. The
-test checks that exactly the expected grading tests fail, and that each failure message names
+Each deliberately wrong folder in tests/grading/wrong/ is graded through the self-check engine
+in this process (the grader's own checks and messages, on the warm rank pools). The test checks that exactly the expected grading tests fail, and that each failure message names
 the rank and the tensor (or collective) that went wrong. The sp fixture holds no ``tp.py``:
 the sp grader checks lab 5 against the reference alone.
 """
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, grade
+from wrong_labs import assert_caught, grade_in_process
 
 TRACE_TP = ("test_tp_block_pattern_from_trace[2]", "test_tp_block_pattern_from_trace[3]")
 
@@ -51,7 +50,7 @@ CASES = {
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("folder", sorted(CASES))
-def test_wrong_tp_sp_is_caught(folder, tmp_path):
+def test_wrong_tp_sp_is_caught(folder):
     test_file, expected, never = CASES[folder]
-    assert_caught(folder, grade(folder, test_file, tmp_path / "junit.xml", timeout=280),
+    assert_caught(folder, grade_in_process(folder, test_file[len("test_"):-len(".py")]),
                   expected, never)

@@ -1,13 +1,15 @@
 """The autograder catches known mistakes: each deliberately wrong lab in tests/grading/wrong/
 fails exactly the tests it should, with a message that names the rank and what differed.
 
-Each case grades one wrong folder in a pytest subprocess (``--impl tests/grading/wrong/X``,
-JUnit XML read back), the way a course's CI would run it.
+Each case grades one wrong folder through the self-check engine in this process, on the warm
+rank pools (``wrong_labs.grade_in_process``: the grader's own test functions and messages). One
+case is also graded the way a course's CI runs it, in a pytest subprocess (``--impl
+tests/grading/wrong/X``, JUnit XML read back), and must fail the same tests with the same words.
 """
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, grade
+from wrong_labs import assert_caught, grade, grade_in_process
 
 # folder -> (grading test file, {failing test: words its message must contain})
 CASES = {
@@ -46,6 +48,13 @@ CASES = {
 
 
 @pytest.mark.parametrize("folder", sorted(CASES))
-def test_wrong_implementation_is_caught(folder, tmp_path):
+def test_wrong_implementation_is_caught(folder):
+    test_file, expected = CASES[folder]
+    assert_caught(folder, grade_in_process(folder, test_file[len("test_"):-len(".py")]), expected)
+
+
+def test_a_wrong_lab_is_caught_under_pytest_too(tmp_path):
+    """The path an instructor's CI takes: ``pytest --impl`` in a subprocess, JUnit XML."""
+    folder = "ring_uses_builtin"
     test_file, expected = CASES[folder]
     assert_caught(folder, grade(folder, test_file, tmp_path / "junit.xml"), expected)
