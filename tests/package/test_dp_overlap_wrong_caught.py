@@ -20,13 +20,10 @@ with it; under a cap of 2 ranks.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from workbook.grading import engine
-from workbook.grading.labs import ENV_IMPL
-from wrong_labs import WRONG
+from wrong_labs import verdicts_in_process
 
 BUCKETED = ("make_buckets", "bucketed_dp", "traffic_bucketed", "bucketed_all_reduce_hidden")
 ZERO = ("zero_1_and_2", "zero3", "memory_per_rank", "traffic_zero1", "traffic_zero2",
@@ -60,16 +57,7 @@ CASES = {
 def _verdicts(folder: str, only) -> list:
     """The verdicts of ``only`` on the wrong lab ``folder``, graded under a cap of 2 ranks (as
     a small grading machine would: every check still runs, on 2 ranks)."""
-    saved = {k: os.environ.get(k) for k in (ENV_IMPL, engine.ENV_MAX_RANKS)}
-    os.environ.update({ENV_IMPL: str(WRONG / folder), engine.ENV_MAX_RANKS: "2"})
-    try:
-        return engine.run_checks("dp_overlap", only=only)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return verdicts_in_process(folder, "dp_overlap", only, max_ranks=2)
 
 
 @pytest.mark.parametrize("folder", sorted(CASES))

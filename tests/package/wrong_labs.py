@@ -46,24 +46,35 @@ def grade(folder: str, test_file: str, junit: Path, timeout: float = 300) -> dic
     return outcome
 
 
-def grade_in_process(folder: str, lab: str) -> dict[str, str | None]:
-    """As ``grade``, through the self-check engine in this process (``engine.run_checks``: the
-    grader's own test functions, the same messages) on the warm rank pools instead of a pytest
-    subprocess that starts its own: ``{test name: failure message, or None if it passed}``."""
+def verdicts_in_process(folder: str, lab: str, only=None, max_ranks: int | None = None) -> list:
+    """The self-check engine's verdicts on ``tests/grading/wrong/FOLDER`` (``engine.run_checks``:
+    the grader's own test functions, the same messages), in this process on the warm rank pools,
+    of the checks ``only`` names (None: all), under a rank cap of ``max_ranks`` (None: none)."""
     from workbook.grading import engine
     from workbook.grading.labs import ENV_IMPL
-    saved = os.environ.get(ENV_IMPL)
-    os.environ[ENV_IMPL] = str(WRONG / folder)
+    env = {ENV_IMPL: str(WRONG / folder)}
+    if max_ranks is not None:
+        env[engine.ENV_MAX_RANKS] = str(max_ranks)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        verdicts = engine.run_checks(lab)
+        return engine.run_checks(lab, only=only)
     finally:
-        if saved is None:
-            os.environ.pop(ENV_IMPL, None)
-        else:
-            os.environ[ENV_IMPL] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def grade_in_process(folder: str, lab: str) -> dict[str, str | None]:
+    """As ``grade``, through the self-check engine in this process (``verdicts_in_process``) on
+    the warm rank pools instead of a pytest subprocess that starts its own: ``{test name: failure
+    message, or None if it passed}``."""
+    from workbook.grading import engine
     return {f"test_{v.name}": None if v.status in (engine.PASSED, engine.SKIPPED) else
             v.message if v.status == engine.FAILED else f"{v.status}: {v.message}"
-            for v in verdicts}
+            for v in verdicts_in_process(folder, lab)}
 
 
 def assert_caught(folder: str, outcome: dict, expected: dict, never=()) -> None:
