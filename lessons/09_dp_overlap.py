@@ -38,7 +38,7 @@ from IPython.display import display
 from plotly.subplots import make_subplots
 
 from workbook import colors, link, trace
-from workbook.data_parallel import predicted_memory
+from workbook.data_parallel import STAGE, predicted_memory
 from workbook.lessons import check_your_work, on_ranks
 from workbook.model import ModelConfig, ReferenceModel, grads_by_name, make_batch
 from workbook.reports import where_measured
@@ -604,7 +604,6 @@ def memory_run(model, variants):
     return out
 
 
-STAGE = {"naive": 0, "bucketed": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 KINDS = {"parameters": colors.COMPUTE, "gradients": colors.COMMUNICATION,
          "optimizer": colors.MEMCPY}
 whose = {"naive": dp_impl, "bucketed": dp_impl, "zero1": zero_impl, "zero2": zero_impl,

@@ -13,8 +13,7 @@ steps, then the slowest rank (shares: the ranks' mean). Per variant (``links[pre
 
 * ``step_ms`` wall time of a step; ``link_ms`` the link busy (``link.op_log()``);
 * ``exposed_ms`` link time no compute ran beside (``trace.overlap(t)``); ``skew_ms`` the part
-  of it while gloo looked late, not excused (as in ``bench tp_overlap``): gloo's reduce-scatter
-  reports its arrival only at ``wait()``, which would excuse ZeRO's exposed tail wholesale;
+  of it while a peer was late, shown but not excused (as in ``bench tp_overlap``);
 * ``fwd_hidden_pct`` / ``bwd_hidden_pct`` / ``hidden_pct``: share of the link time of the ops
   issued in the ``forward`` / ``backward`` range / the step that compute hid;
 * ``fwd_compute_ms`` / ``bwd_compute_ms``: compute inside each range.
@@ -44,8 +43,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from workbook import data_parallel
+
 VARIANTS = ("naive", "bucketed", "zero1", "zero2", "zero3", "no_comm")
-STAGE = {"naive": 0, "bucketed": 0, "no_comm": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+STAGE = {**data_parallel.STAGE, "no_comm": 0}
 LINKS = ("dgx-h100", "dgx-h100-ib")
 FIELDS = ("step_ms", "link_ms", "exposed_ms", "skew_ms", "fwd_hidden_pct", "bwd_hidden_pct",
           "hidden_pct", "fwd_compute_ms", "bwd_compute_ms")

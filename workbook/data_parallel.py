@@ -149,7 +149,8 @@ class Trainer:
 
 
 def train_reference(cfg: ModelConfig, batches: list, device=None) -> ReferenceModel:
-    """Single-device training on the whole batch, Adam as in the lab: the ground truth."""
+    """Single-device training on the whole batch, Adam as in the lab: the ground truth. The
+    gradients of the last step stay in ``.grad``."""
     model = ReferenceModel(cfg, device)
     opt = torch.optim.Adam(model.parameters(), **ADAM)
     for step, (tokens, targets) in enumerate(batches):
@@ -161,6 +162,8 @@ def train_reference(cfg: ModelConfig, batches: list, device=None) -> ReferenceMo
 
 # --------------------------------------------------------------------------- memory
 KINDS = ("parameters", "gradients", "optimizer")
+STAGE = {"naive": 0, "bucketed": 0, "zero1": 1, "zero2": 2, "zero3": 3}   # each lab variant's
+                                                                          # ZeRO stage (0: DP)
 
 
 def memory_by_kind(trainer: Trainer) -> dict:

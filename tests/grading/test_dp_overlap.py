@@ -26,6 +26,7 @@ import time
 import pytest
 import torch
 
+from workbook.data_parallel import STAGE
 from workbook.domino_measure import recalibrate
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
 from workbook.grading.timing import STRUCTURAL, measure_until_clear
@@ -40,7 +41,6 @@ ROWS = 2                          # rows of the global batch per rank
 BUCKET_BYTES = 32 << 10           # several buckets on the graded model (fc1/fc2 get their own)
 NAMES = {"naive": "NaiveDP", "bucketed": "BucketedDP", "zero1": "ShardedTrainer(stage=1)",
          "zero2": "ShardedTrainer(stage=2)", "zero3": "Zero3"}
-STAGE = {"naive": 0, "bucketed": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 TOL = dict(rtol=1e-9, atol=1e-12)
 AT_ONCE = 0.05                # waited within 5% of its modelled time after issue: nothing hid it
 EXPOSED_GATHERS = 3           # per pass, gathers nothing can hide: forward, the embedding's (the
@@ -226,18 +226,11 @@ def _reference(tag: str, cfg, n: int):
     """Single-device training on the whole batch: the first step's gradients (by name) and the
     parameters after ``STEPS`` steps."""
     if (tag, n) not in _REFERENCE:
-        from workbook.data_parallel import ADAM
-        from workbook.model import ReferenceModel, grads_by_name, make_batch, params_by_name
-        model = ReferenceModel(cfg)
-        opt = torch.optim.Adam(model.parameters(), **ADAM)
-        first = None
-        for step in range(STEPS):
-            tokens, targets = make_batch(cfg, ROWS * n, seed=100 + step)
-            opt.zero_grad(set_to_none=True)
-            model(tokens, targets, step).backward()
-            first = first or grads_by_name(model)
-            opt.step()
-        _REFERENCE[(tag, n)] = (first, params_by_name(model))
+        from workbook.data_parallel import train_reference
+        from workbook.model import grads_by_name, make_batch, params_by_name
+        batches = [make_batch(cfg, ROWS * n, seed=100 + step) for step in range(STEPS)]
+        first = grads_by_name(train_reference(cfg, batches[:1]))   # .grad outlives the step
+        _REFERENCE[(tag, n)] = (first, params_by_name(train_reference(cfg, batches)))
     return _REFERENCE[(tag, n)]
 
 

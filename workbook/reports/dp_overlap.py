@@ -7,8 +7,8 @@ step under each variant of the lab (``naive``, ``bucketed`` with the lab's bucke
 ``zero1``, ``zero2``, ``zero3``), after a warm-up step (one row a rank, no link). Per variant:
 
 * **link ms**: the modelled link time of the step's collectives;
-* **exposed ms**: the link time no compute ran beside (from the step's trace; rank skew is not
-  excused, as in ``workbook bench dp_overlap``);
+* **exposed ms**: the link time no compute ran beside (from the step's trace; rank skew shown as
+  exposed, as in ``workbook bench dp_overlap``);
 * **hidden %** of the link time of the ops issued in the forward and the backward pass;
 * **memory** per rank between steps, by kind (``memory_by_kind``), beside the ZeRO table
   (``predicted_memory``).
