@@ -334,21 +334,26 @@ class LinkedProcessGroup(dist.ProcessGroup):
                                 c10d.ScatterOptions, _nbytes(output_tensors) * self.size())
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        return self._collective("reduce_scatter", "reduce_scatter", (output_tensors, input_tensors),
-                                opts, c10d.ReduceScatterOptions, _nbytes(input_tensors))
+        out, = output_tensors                                            # one tensor a rank
+        pieces = [t.reshape(-1) for t in input_tensors[0]]               # n pieces, out's size
+        return self._reduce_scatter_by_all_reduce(out, torch.cat(pieces), opts,
+                                                  _nbytes(input_tensors))
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        # gloo's own reduce_scatter_tensor completes its future only when waited on, so a peer
-        # that arrived late could not be told from a rank that waited late (the trace would
-        # excuse a late wait as skew). It runs as gloo's all-reduce of a copy instead, whose
-        # future fires when every peer is done, and this rank's piece is taken at wait().
-        opts = opts or c10d.ReduceScatterOptions()
-        summed = input.clone()                                           # [n * m]
+        return self._reduce_scatter_by_all_reduce(output, input.clone(), opts, _nbytes([input]))
+
+    def _reduce_scatter_by_all_reduce(self, output, summed, opts, size_bytes: int):
+        """Every reduce-scatter runs as gloo's all-reduce of ``summed`` (a copy of the whole
+        input, ``[n * m]``), this rank's piece copied into ``output`` at ``wait()``. gloo's own
+        reduce-scatter completes its future only when waited on, so a peer that arrived late
+        could not be told from a rank that waited late (the trace would excuse a late wait as
+        skew); the all-reduce's future fires when every peer is done. The cost charged is the
+        reduce-scatter's."""
         ar = c10d.AllreduceOptions()
-        ar.reduceOp = opts.reduceOp
+        ar.reduceOp = (opts or c10d.ReduceScatterOptions()).reduceOp
         inner = self._gloo.allreduce([summed], ar)
         piece = summed.view(self.size(), -1)[self.rank()]                # [m]
-        return self._charge("reduce_scatter", inner, _nbytes([input]),
+        return self._charge("reduce_scatter", inner, size_bytes,
                             then=lambda: output.view(-1).copy_(piece))
 
     reduce_scatter_single = _reduce_scatter_base                 # torch >= 2.6 routes here
