@@ -26,7 +26,10 @@ t(op_k) later::
 
 The link is full duplex, as NVLink and InfiniBand are: a send and a receive travel in opposite
 directions at the same time (a ring step sends one chunk while it receives another), so
-point-to-point ops queue per direction, while a collective occupies both.
+point-to-point ops queue per direction, while a collective occupies both. A receive can be posted
+long before its peer sends (a pipeline stage posts the next micro-batch's receive early): its
+transfer starts when the data is really there, ``start = max(arrival, end of the previous
+receive)``, not when it was posted, so a late sender is never hidden by an early receive.
 
 The modelled time is paid only when the result is needed: ``work.wait()`` (which a synchronous
 call makes for you) returns once the real gloo op is done *and* ``end_k`` has passed. Compute
@@ -217,7 +220,10 @@ class LinkWork(dist._Work):
         # the whole wait is blocked time on the compute thread: a late peer (the real gloo op)
         # and the modelled transfer alike, so the trace never counts it as compute
         with torch.profiler.record_function(f"link_wait:{self._record.op}"):
-            self._inner.wait()
+            if isinstance(self._inner, _ArrivalWatch):
+                self._inner.join()
+            else:
+                self._inner.wait()
             self._finish()
             if not self._record.arrival_ns:
                 self._record.arrival_ns = time.perf_counter_ns()
@@ -248,6 +254,42 @@ class LinkWork(dist._Work):
 
     def synchronize(self):
         return self.wait()
+
+
+class _ArrivalWatch:
+    """A send's or a receive's gloo work, waited on by a thread of its own from the moment it is
+    posted, so that the link learns when it really completed (gloo's point-to-point works have no
+    future): for a receive, when the data landed, and its modelled transfer is placed on the
+    receive lane then (``start = max(arrival, lane free)``); for a send, when the peer took it
+    (a real completion after the modelled end is a late peer, drawn as such). ``join()`` (the
+    rank's ``wait()``) returns once the thread is done; gloo's work is waited on once only."""
+
+    def __init__(self, inner, record: OpRecord):
+        self.work, self._record, self._error = inner, record, None
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name=f"link-{record.op}")
+        self._thread.start()
+
+    def _watch(self) -> None:
+        try:
+            self.work.wait()
+        except BaseException as exc:           # noqa: BLE001 - raised again in the rank's wait()
+            self._error = exc
+        rec, now = self._record, time.perf_counter_ns()
+        with STATE.lock:
+            rec.arrival_ns = now
+            if rec.op == "recv":               # a send keeps its place: it left when posted
+                rec.start_ns = max(now, STATE.free_at_ns["recv"])
+                rec.end_ns = rec.start_ns + rec.modelled_ns
+                STATE.free_at_ns["recv"] = rec.end_ns
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
 
 
 def _nbytes(tensors) -> int:
@@ -282,6 +324,14 @@ class LinkedProcessGroup(dist.ProcessGroup):
         n = self.size()
         rec = OpRecord(0, op, size_bytes, n, async_op, time.perf_counter_ns(),
                        int(link.op_time(op, size_bytes, n) * 1e9))
+        if op == "recv":                 # placed on the link when the data lands (_ArrivalWatch)
+            with STATE.lock:
+                STATE.seq += 1
+                rec.seq = STATE.seq
+                STATE.log.append(rec)
+            return LinkWork(_ArrivalWatch(inner, rec), rec, then=then)
+        if op == "send":                 # its real completion, watched (gloo gives no future)
+            inner = _ArrivalWatch(inner, rec)
         try:                             # note the moment gloo finishes (on gloo's thread)
             inner.get_future().then(lambda _f: _note_arrival(rec))
         except Exception:                # a work without a future: arrival is taken at wait()

@@ -45,8 +45,9 @@ TIMING_CHECKS = {
     "overlap_math": ["predictions_match_the_measured_trace"],
     "tp_overlap": ["forward_communication_hidden", "backward_communication_hidden"],
     "dp_overlap": ["bucketed_all_reduce_hidden", "zero2_traffic_hidden", "zero3_gathers_hidden"],
+    "pp_overlap": ["steady_state_p2p_hidden"],
 }
-PCT_LABS = {"async_overlap", "domino", "tp_overlap", "dp_overlap"}          # whose shortfall is in points of overlap %
+PCT_LABS = {"async_overlap", "domino", "tp_overlap", "dp_overlap", "pp_overlap"}          # whose shortfall is in points of overlap %
 CONDITIONS = ["quiet", "busy", "onecore"]
 MARK = "GRADING_STABILITY_RESULT "
 # tests/package/test_overlap_math_wrong_caught.py asserts this set inline (it has no CASES)
@@ -60,13 +61,15 @@ def wrong_cases(lab: str) -> dict[str, set[str]]:
     sys.path.insert(0, str(ROOT / "tests" / "package"))
     cases = dict(OVERLAP_MATH_CASES if lab == "overlap_math" else {})
     for name in ("test_wrong_impls_caught", "test_domino_wrong_caught",
-                 "test_tp_overlap_wrong_caught", "test_dp_overlap_wrong_caught"):
+                 "test_tp_overlap_wrong_caught", "test_dp_overlap_wrong_caught",
+                 "test_pp_overlap_wrong_caught"):
         spec = importlib.util.spec_from_file_location(name, ROOT / "tests/package" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         for folder, case in module.CASES.items():
-            if folder.startswith("dp_overlap"):       # (checks run, {check: words}), no test_
-                if lab == "dp_overlap":
+            in_process = ("dp_overlap", "pp_overlap")      # (checks run, {check: words}), no test_
+            if folder.startswith(in_process):
+                if folder.startswith(lab):
                     cases[folder] = {f"test_{name}" for name in case[1]}
                 continue
             test_file, expected = case if isinstance(case, tuple) else \

@@ -129,3 +129,28 @@ def test_the_link_is_full_duplex():
     # one 8 MB send at 40 MB/s takes 0.2 s; a send and a receive together take 0.2 s, not 0.4 s
     for seconds in launch.run(exchange, 2, backend="gloo", pool=True):
         assert 0.19 < seconds < 0.32
+
+
+def late_sender():
+    """Rank 1 posts its receive at once; rank 0 computes 0.3 s, then sends."""
+    link.set_link(FIXED)
+    box = torch.ones(N // 4)                            # 2 MB: 0.05 s on FIXED
+    dist.barrier()
+    t0 = time.perf_counter()
+    if dist.get_rank() == 0:
+        time.sleep(0.3)
+        dist.send(box, 1)
+    else:
+        work = dist.irecv(box, 0)
+        time.sleep(0.1)                                 # compute that cannot hide a late send
+        work.wait()
+    rec = [r for r in link.op_log() if r.op in ("send", "recv")][-1]
+    return {"seconds": time.perf_counter() - t0, "start_after_issue_s": (rec.start_ns - rec.issued_ns) / 1e9}
+
+
+def test_an_early_receive_pays_its_transfer_when_the_data_lands():
+    # posted at 0, sent at 0.3 s: the transfer runs 0.3-0.35 s, so the wait ends at ~0.35 s, and
+    # the link track starts the receive at its arrival, not when it was posted
+    _, recv = launch.run(late_sender, 2, backend="gloo", pool=True)
+    assert 0.34 < recv["seconds"] < 0.6
+    assert recv["start_after_issue_s"] > 0.25

@@ -1,0 +1,379 @@
+"""Autograder for lab 10, ``pp_overlap``: the schedules, the numbers, the traffic, the overlap.
+
+Schedules (instant, no ranks): ``gpipe`` and ``one_f_one_b`` for several pipelines, action by
+action against the textbook order; each set of stages first goes through
+``workbook.pipeline.check_schedule``, so a schedule that would deadlock is reported as one, on
+paper. The executor checks run the textbook schedules (written out here, ``_expected``), so
+each task is graded on its own.
+
+Numerics (fp64, 2 and 4 stages, 8 micro-batches of 2 rows, GPT and Llama): each variant
+(GPipe and 1F1B with blocking p2p, 1F1B with overlapped p2p) runs one step; the last stage's
+loss and every stage's parameter gradients must equal single-device training on the whole batch.
+
+Traffic (2 and 3 stages, from the trace of one step): how many sends and receives each stage
+ran and how many bytes, against one activation ``[b, S, H]`` per micro-batch per boundary, each
+way.
+
+Overlap (fp32, 2 stages, simulated ``dgx-h100`` link), through the shared timing policy
+(``workbook.grading.timing``): structure first (a send waited on right after it was posted, a
+receive posted only when its data was needed, both read from the link's log), then the share of
+the steady state's point-to-point link time hidden behind compute, read from the trace, rank
+skew excused, near misses measured again.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from workbook.domino_measure import recalibrate
+from workbook.grading.engine import graded_size, on_ranks, world_sizes
+from workbook.grading.timing import STRUCTURAL, measure_until_clear
+from workbook.grading.tp_checks import rank_error, ranks_label, raise_if_failed, to_cpu
+from workbook.grading.trace_checks import assert_hidden, ranks_hidden_pct, trace_root_fixture
+
+LAB = "pp_overlap"
+TIMEOUT_S = 60.0
+LINK = "dgx-h100"
+M = 8                             # micro-batches per step
+ROWS = 2                          # rows per micro-batch
+TOL = dict(rtol=1e-9, atol=1e-12)
+NAMES = {"gpipe": "GPipe (BlockingExecutor)", "1f1b": "1F1B (BlockingExecutor)",
+         "1f1b_overlap": "1F1B (OverlappedExecutor)"}
+SCHEDULE_CASES = [(2, 4), (4, 8), (3, 5), (4, 2)]          # (stages p, micro-batches m)
+AT_ONCE = 0.05                # waited within 5% of its modelled time after posting: nothing hid it
+EXPOSED_P2P = 1               # per rank and kind: the first receive (nothing computes before it)
+                              # and the last send (nothing computes after it)
+THRESHOLD = 25.0              # % of the steady state's p2p link time hidden. Non-interleaved
+                              # 1F1B can hide about half of it at most: each step of the steady
+                              # state waits for one transfer on its critical path (simulate()
+                              # with t_p2p > 0); the rest travels behind compute. Below the
+                              # reference's lowest figure under load and on one core (README)
+
+
+def _configs():
+    from workbook.model import ModelConfig
+    return [("gpt fp64", ModelConfig(dtype="float64", n_layers=4)),
+            ("llama fp64", ModelConfig(style="llama", dtype="float64", n_layers=4))]
+
+
+# --------------------------------------------------------------------------- schedules
+def _expected(kind: str, p: int, m: int, s: int) -> list[tuple]:
+    if kind == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    w = min(p - 1 - s, m)
+    steady = [a for j in range(m - w) for a in (("F", w + j), ("B", j))]
+    return [("F", i) for i in range(w)] + steady + [("B", j) for j in range(m - w, m)]
+
+
+def _schedule_problem(lab, kind: str, p: int, m: int) -> str | None:
+    """Why the lab's ``kind`` schedule for ``p`` stages and ``m`` micro-batches is wrong, or
+    None: deadlock and completeness first (``check_schedule``), then the textbook order."""
+    from workbook.pipeline import ScheduleError, check_schedule, peak_in_flight
+    fn = lab.SCHEDULES[kind]
+    label = {"gpipe": "gpipe", "1f1b": "one_f_one_b"}[kind]
+    stages = [[tuple(a) for a in fn(p, m, s)] for s in range(p)]
+    try:
+        check_schedule(stages, m)
+    except ScheduleError as exc:
+        return f"{label}(p={p}, m={m}): {exc}"
+    for s, got in enumerate(stages):
+        want = _expected(kind, p, m, s)
+        if got != want:
+            k = next(k for k, (g, w) in enumerate(zip(got, want)) if g != w)
+            order = ("every forward in micro-batch order, then every backward in the same order"
+                     if kind == "gpipe" else
+                     f"{min(p - 1 - s, m)} warm-up forwards, then F(w + j), B(j) in turn, then "
+                     f"the remaining backwards; micro-batches leave each pass in the order they "
+                     f"entered it")
+            return (f"{label}(p={p}, m={m}), stage {s}: action {k} is {got[k][0]}({got[k][1]}), "
+                    f"expected {want[k][0]}({want[k][1]}) ({order}); stage {s} runs "
+                    + " ".join(f"{a}{i}" for a, i in got))
+        if kind == "1f1b" and peak_in_flight(got) > p - s:
+            return (f"{label}(p={p}, m={m}), stage {s} keeps {peak_in_flight(got)} micro-batches "
+                    f"in flight, 1F1B at most {p - s}")
+    return None
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("gpipe")
+def test_gpipe_schedule():
+    """GPipe: all forwards, then all backwards, on every stage."""
+    from workbook.grading.labs import load_lab
+    lab = load_lab(LAB)
+    for p, m in SCHEDULE_CASES:
+        problem = _schedule_problem(lab, "gpipe", p, m)
+        assert problem is None, problem
+
+
+@pytest.mark.points(5)
+@pytest.mark.tasks("one_f_one_b")
+def test_one_f_one_b_schedule():
+    """1F1B: p - 1 - s warm-up forwards, one forward and one backward in turn, the drain;
+    no deadlock, at most p - s micro-batches in flight on stage s."""
+    from workbook.grading.labs import load_lab
+    lab = load_lab(LAB)
+    for p, m in SCHEDULE_CASES:
+        problem = _schedule_problem(lab, "1f1b", p, m)
+        assert problem is None, problem
+
+
+# --------------------------------------------------------------------------- rank side
+def _step(lab, variant: str, cfg, dev, m: int = M, rows: int = ROWS, seed: int = 3):
+    from workbook.model import make_batch
+    import torch.distributed as dist
+    kind, executor = lab.VARIANTS[variant]
+    runner = lab.EXECUTORS[executor](cfg, m, dev)
+    tokens, targets = make_batch(cfg, rows * m, seed=seed)
+    actions = _expected(kind, dist.get_world_size(), m, dist.get_rank())   # the textbook order:
+    # the executors are graded on their own, whatever the state of the schedule functions
+    return runner, runner.step(tokens.to(dev), targets.to(dev), actions)
+
+
+def _run_numerics(variant: str) -> dict:
+    from workbook.grading.labs import load_lab
+    from workbook.launch import device
+    lab, dev, out = load_lab(LAB), device(), {}
+    for tag, cfg in _configs():
+        try:
+            runner, loss = _step(lab, variant, cfg, dev)
+            out[tag] = {"loss": None if loss is None else float(loss),
+                        "grads": runner.stage.named_grads(), "units": runner.stage.unit_names}
+        except Exception as exc:                  # noqa: BLE001 - graded by the test
+            out[tag] = rank_error(exc)
+    return to_cpu(out)
+
+
+_REFERENCE: dict = {}
+
+
+def _reference(tag: str, cfg):
+    if tag not in _REFERENCE:
+        from workbook.model import ReferenceModel, grads_by_name, make_batch
+        model = ReferenceModel(cfg)
+        tokens, targets = make_batch(cfg, ROWS * M, seed=3)
+        loss = model(tokens, targets)
+        loss.backward()
+        _REFERENCE[tag] = (loss.item(), grads_by_name(model))
+    return _REFERENCE[tag]
+
+
+def _check_numerics(variant: str, n: int) -> None:
+    n = graded_size(n, 2, 4)
+    per_rank = on_ranks(n, _run_numerics, variant, timeout=TIMEOUT_S, key=("numerics", variant))
+    for tag, cfg in _configs():
+        loss, grads = _reference(tag, cfg)
+        for rank, res in enumerate(per_rank):
+            entry = res[tag]
+            where = f"rank {rank} (stage {rank} of {n}): {NAMES[variant]}, {tag}, {M} micro-batches"
+            raise_if_failed(entry, rank, n, f"{NAMES[variant]} ({tag})")
+            if rank == n - 1:
+                got = entry["loss"]
+                if got is None or abs(got - loss) > 1e-9 * max(1.0, abs(loss)):
+                    hint = (f" = {got / loss:.3g} x the batch's loss: each micro-batch's loss must "
+                            f"be its mean over m (PipelineStage.loss), and the step returns their sum"
+                            if got else "")
+                    raise AssertionError(f"{where}: the step returned loss {got}, the whole "
+                                         f"batch's mean loss on one device is {loss:.12g}{hint}")
+            for name, g in entry["grads"].items():
+                want = grads[name]
+                if g is None:
+                    raise AssertionError(f"{where}: {name} has no gradient after the step: every "
+                                         f"micro-batch's backward must run out.backward(...)")
+                if not torch.allclose(g, want, **TOL):
+                    ratio = float((g * want).sum() / (want * want).sum())
+                    raise AssertionError(
+                        f"{where}: the gradient of {name} is off by up to "
+                        f"{(g - want).abs().max().item():.3g} from single-device training on the "
+                        f"whole batch (it is about {ratio:.3g} x the right one); "
+                        + ("the gradients that travel back must be the gradients of each "
+                           "stage's input, micro-batch by micro-batch, in the order sent"
+                           if abs(ratio - 1) < 0.5 else
+                           "every micro-batch must run forward and backward once, its loss "
+                           "divided by m"))
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("BlockingExecutor")
+@pytest.mark.parametrize("n", [2, 4])
+def test_gpipe_blocking(n):
+    """GPipe with blocking p2p: the loss and every gradient of one device."""
+    _check_numerics("gpipe", n)
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("BlockingExecutor")
+@pytest.mark.parametrize("n", [2, 4])
+def test_1f1b_blocking(n):
+    """1F1B with blocking p2p (send and next receive posted together): the same numbers."""
+    _check_numerics("1f1b", n)
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("OverlappedExecutor")
+@pytest.mark.parametrize("n", [2, 4])
+def test_1f1b_overlapped(n):
+    """1F1B with receives posted an action ahead and sends in flight: the same numbers."""
+    _check_numerics("1f1b_overlap", n)
+
+
+# --------------------------------------------------------------------------- traffic
+def _run_traffic(trace_dir: str, variant: str) -> dict:
+    import torch.distributed as dist
+    from workbook import trace
+    from workbook.grading.labs import load_lab
+    from workbook.launch import device
+    from workbook.model import ModelConfig
+    from workbook.trace.capture import rank_trace
+    lab, rank, dev = load_lab(LAB), dist.get_rank(), device()
+    cfg = ModelConfig(n_layers=3)
+    folder = os.path.join(trace_dir, variant)
+    try:
+        _step(lab, variant, cfg, dev)
+        dist.barrier()
+        with rank_trace(folder, lab=LAB):
+            _step(lab, variant, cfg, dev)
+    except Exception as exc:                          # noqa: BLE001 - graded by its test
+        return rank_error(exc)
+    t = trace.load_trace(os.path.join(folder, f"rank{rank}.trace.json"))
+    return {"ops": trace.collectives(t), "activation": ROWS * cfg.seq_len * cfg.hidden * 4}
+
+
+def _check_traffic(variant: str, trace_root) -> None:
+    from workbook.ranks import choose_backend
+    for n in world_sizes(2, 3):
+        link = LINK if choose_backend(None, n) == "gloo" else "none"
+        per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"), variant, link=link,
+                            timeout=TIMEOUT_S, key=("traffic", variant, n, str(trace_root)))
+        for rank, res in enumerate(per_rank):
+            raise_if_failed(res, rank, n, f"one traced step of {NAMES[variant]}")
+            a = res["activation"]
+            boundaries = (rank > 0) + (rank < n - 1)           # the stage's neighbours
+            want = {"send": M * boundaries, "recv": M * boundaries}
+            for op, count in want.items():
+                have = res["ops"].get(op, {"count": 0, "bytes": 0})
+                if have["count"] != count or (have["bytes"] is not None and have["bytes"] != count * a):
+                    raise AssertionError(
+                        f"rank {rank} (stage {rank} of {n}): {NAMES[variant]}, one step of {M} "
+                        f"micro-batches (from the trace): {have['count']} {op} moving "
+                        f"{have['bytes']} bytes, expected {count} moving {count * a} bytes: one "
+                        f"activation [b, S, H] ({a} bytes) per micro-batch to the next stage, "
+                        f"one gradient of the same shape back to the previous one, "
+                        f"nothing else")
+    return None
+
+
+trace_root = trace_root_fixture("pp_overlap_traces")
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("BlockingExecutor")
+def test_traffic_blocking(trace_root):
+    """1F1B, blocking: the sends and receives of one step, counted and sized (2 and 3 stages)."""
+    _check_traffic("1f1b", trace_root)
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("OverlappedExecutor")
+def test_traffic_overlapped(trace_root):
+    """1F1B, overlapped: the same traffic, nothing more (2 and 3 stages)."""
+    _check_traffic("1f1b_overlap", trace_root)
+
+
+# --------------------------------------------------------------------------- overlap
+def _overlap(trace_dir: str, variant: str) -> dict:
+    """One profiled step (after a warm-up step) on a model whose compute per micro-batch can
+    cover a transfer; the link's point-to-point ops and the steady state's hidden share."""
+    import torch.distributed as dist
+    from workbook import link, trace
+    from workbook.grading.labs import load_lab
+    from workbook.launch import device
+    from workbook.model import ModelConfig
+    from workbook.trace.capture import rank_trace
+    rank, dev = dist.get_rank(), device()
+    try:
+        lab = load_lab(LAB)
+        recalibrate(LINK)                # the matmul rate now: a busy machine slows compute
+        cfg = ModelConfig(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, seq_len=256,
+                          vocab_size=256, dtype="float32")
+        _step(lab, variant, cfg, dev, rows=1)
+        dist.barrier()
+        before = len(link.op_log())
+        with rank_trace(trace_dir, lab=LAB):
+            _step(lab, variant, cfg, dev, rows=1)
+    except NotImplementedError as exc:
+        return {"rank": rank, "not_implemented": str(exc)}
+    except Exception as exc:             # noqa: BLE001 - reported by the judge
+        return {"rank": rank, **rank_error(exc)}
+    ops = [r for r in link.op_log()[before:] if r.op in ("send", "recv")]
+    t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
+    o = trace.overlap(t, within="steady")
+    at_once = {op: sum(1 for r in ops if r.op == op and r.first_wait_ns
+                       and r.first_wait_ns - r.issued_ns < AT_ONCE * r.modelled_ns)
+               for op in ("send", "recv")}
+    return {"rank": rank, "link": link.current_link().label, "at_once": at_once,
+            "count": {op: sum(r.op == op for r in ops) for op in ("send", "recv")},
+            "never_waited": sum(1 for r in ops if not r.first_wait_ns),
+            "steady": {"pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,
+                       "exposed_ms": (o.exposed_comm_us - o.skew_us) / 1e3,
+                       "skew_ms": o.skew_us / 1e3}}
+
+
+def _structure(r: dict) -> str | None:
+    where = f"rank {r['rank']} (stage {r['rank']}): {NAMES['1f1b_overlap']} (2 stages, {r['link']})"
+    if r["never_waited"]:
+        return (f"{where}: {r['never_waited']} sends or receives never waited on: until "
+                f"work.wait() returns, a send's buffer may still be read and a receive's is "
+                f"not filled (wait for every send in finish)")
+    if r["at_once"]["send"] > EXPOSED_P2P:
+        return (f"{where}: {r['at_once']['send']} of its {r['count']['send']} sends were waited on "
+                f"right after they were posted, so the stage sat idle while each travelled: post "
+                f"a send with dist.isend and wait for it only in finish(), after the last action")
+    if r["at_once"]["recv"] > EXPOSED_P2P:
+        return (f"{where}: {r['at_once']['recv']} of its {r['count']['recv']} receives were posted "
+                f"only when their data was needed and waited on at once: post the next action's "
+                f"receive at the start of the current action (prefetch), so it travels while "
+                f"this one computes")
+    return None
+
+
+def _overlap_results(tmp_root) -> list[dict]:
+    def shortfall(res) -> float:
+        if any("error" in r or "not_implemented" in r or _structure(r) for r in res):
+            return STRUCTURAL
+        return THRESHOLD - ranks_hidden_pct(res, "steady")
+
+    n, = world_sizes(2)
+    return measure_until_clear(
+        lambda k: on_ranks(n, _overlap, str(tmp_root / f"overlap{k}"), "1f1b_overlap", link=LINK,
+                           timeout=TIMEOUT_S, key=("overlap", str(tmp_root), k)),
+        shortfall)
+
+
+@pytest.mark.points(7)
+@pytest.mark.tasks("OverlappedExecutor")
+def test_steady_state_p2p_hidden(trace_root):
+    """1F1B, overlapped: no send waited on as it is posted, every receive but the first posted
+    an action ahead, and at least 25% of the steady state's p2p link time hidden."""
+    res = _overlap_results(trace_root)
+    for r in res:
+        raise_if_failed(r, r["rank"], len(res), f"the overlap run of {NAMES['1f1b_overlap']}")
+        problem = _structure(r)
+        if problem:
+            raise AssertionError(problem)
+    for r in res:
+        if not r["steady"]["comm_ms"]:
+            raise AssertionError(f"rank {r['rank']}: no send or receive issued in the steady "
+                                 f"state was found on the link track of the trace")
+    worst = min(res, key=lambda r: r["steady"]["pct"] or 0.0)
+    o = worst["steady"]
+    assert_hidden(
+        ranks_hidden_pct(res, "steady"), THRESHOLD, rank=worst["rank"],
+        where=f"{NAMES['1f1b_overlap']} (2 stages, {worst['link']})",
+        what="the point-to-point link time of the steady state",
+        details=", ".join(f"rank {r['rank']} {r['steady']['pct']:.0f}%" for r in res)
+        + f"; {o['comm_ms']:.0f} ms on the link on rank {worst['rank']}, {o['exposed_ms']:.0f} ms "
+          f"exposed, not counting {o['skew_ms']:.0f} ms while the other rank was late",
+        advice="post each action's receive one action ahead and leave sends in flight until "
+               "finish()")

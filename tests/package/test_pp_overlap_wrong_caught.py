@@ -1,0 +1,58 @@
+"""The pp_overlap grader catches the mistakes the lab is about: each deliberately wrong lab in
+tests/grading/wrong/pp_overlap_*/ fails exactly the checks it should, with a message that teaches.
+
+* send_waited_at_once: each send waited on before the next action computes -> the
+  steady-state overlap test, on structure;
+* receive_not_prefetched: each receive posted when its action starts -> the same test, on
+  structure;
+* microbatches_out_of_order: 1F1B's steady state runs the newest micro-batch's backward -> the
+  schedule test (instant), naming the first action out of order;
+* deadlock_warmup: the warm-up counted from the wrong end -> the schedule test reports the
+  deadlock on paper, naming what each stuck stage waits for. (The executor checks run the
+  textbook schedules, so neither mistake costs the executor's points, nor hangs a rank.)
+
+Each folder runs through the self-check engine in this process, on the warm rank pools, under a
+cap of 2 ranks (as a small grading machine would), only the checks its mistake can reach.
+"""
+from __future__ import annotations
+
+import pytest
+
+from workbook.grading import engine
+from wrong_labs import verdicts_in_process
+
+OVERLAP = ("1f1b_overlapped", "traffic_overlapped", "steady_state_p2p_hidden")
+ONE_F_ONE_B = ("one_f_one_b_schedule", "1f1b_blocking", *OVERLAP)
+
+# folder -> (checks run, {failing check (without [n]): words its message must contain})
+CASES = {
+    "pp_overlap_send_waited_at_once": (OVERLAP, {
+        "steady_state_p2p_hidden": ["rank ", "sends were waited on right after they were posted",
+                                    "dist.isend", "finish()"]}),
+    "pp_overlap_receive_not_prefetched": (OVERLAP, {
+        "steady_state_p2p_hidden": ["rank ", "receives were posted only when their data was "
+                                    "needed", "prefetch"]}),
+    "pp_overlap_microbatches_out_of_order": (ONE_F_ONE_B, {
+        "one_f_one_b_schedule": ["one_f_one_b(p=", "expected B(0)", "in the order they entered"]}),
+    "pp_overlap_deadlock_warmup": (ONE_F_ONE_B, {
+        "one_f_one_b_schedule": ["deadlock", "stage 0 waits at B(0) for stage 1's gradient",
+                                 "hang"]}),
+}
+
+
+@pytest.mark.parametrize("folder", sorted(CASES))
+def test_wrong_pp_overlap_caught(folder):
+    only, expected = CASES[folder]
+    verdicts = verdicts_in_process(folder, "pp_overlap", only, max_ranks=2)
+    assert verdicts, "no check ran"
+    failed = {v.name.split("[")[0] for v in verdicts if v.status != engine.PASSED}
+    assert failed == set(expected), (
+        f"{folder}: expected exactly {sorted(expected)} to fail, got "
+        + "; ".join(f"{v.name}: {v.status}: {v.message[:300]}" for v in verdicts
+                    if v.status != engine.PASSED))
+    for v in verdicts:
+        if v.status == engine.PASSED:
+            continue
+        assert v.status == engine.FAILED, f"{folder}: {v.name} is {v.status}: {v.message[:800]}"
+        for word in expected[v.name.split("[")[0]]:
+            assert word in v.message, f"{folder}: {v.name}'s message lacks {word!r}:\n{v.message[:1500]}"
