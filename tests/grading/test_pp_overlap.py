@@ -45,11 +45,12 @@ SCHEDULE_CASES = [(2, 4), (4, 8), (3, 5), (4, 2)]          # (stages p, micro-ba
 AT_ONCE = 0.05                # waited within 5% of its modelled time after posting: nothing hid it
 EXPOSED_P2P = 1               # per rank and kind: the first receive (nothing computes before it)
                               # and the last send (nothing computes after it)
-THRESHOLD = 25.0              # % of the steady state's p2p link time hidden. Non-interleaved
-                              # 1F1B can hide about half of it at most: each step of the steady
-                              # state waits for one transfer on its critical path (simulate()
-                              # with t_p2p > 0); the rest travels behind compute. Below the
-                              # reference's lowest figure under load and on one core (README)
+THRESHOLD = 10.0              # % of the steady state's p2p link time hidden: a floor under the
+                              # structure checks, which carry this test. Non-interleaved 1F1B
+                              # hides about half of it at best: each steady-state step waits for
+                              # one transfer on its critical path (simulate() with t_p2p > 0), and
+                              # where the rest lands depends on timing, so the reference measures
+                              # 17-48% under load and on one core (README); blocking p2p, 0-1%
 
 
 def _configs():
@@ -355,7 +356,7 @@ def _overlap_results(tmp_root) -> list[dict]:
 @pytest.mark.tasks("OverlappedExecutor")
 def test_steady_state_p2p_hidden(trace_root):
     """1F1B, overlapped: no send waited on as it is posted, every receive but the first posted
-    an action ahead, and at least 25% of the steady state's p2p link time hidden."""
+    an action ahead, and at least 10% of the steady state's p2p link time hidden."""
     res = _overlap_results(trace_root)
     for r in res:
         raise_if_failed(r, r["rank"], len(res), f"the overlap run of {NAMES['1f1b_overlap']}")

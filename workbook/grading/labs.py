@@ -16,7 +16,7 @@ from pathlib import Path
 ENV_IMPL = "WORKBOOK_IMPL"
 ENV_ROOT = "WORKBOOK_ROOT"
 LABS = ["collectives", "ring_allreduce", "async_overlap", "tp", "sp", "domino", "overlap_math",
-        "tp_overlap", "dp_overlap"]
+        "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring"]
 
 
 def repo_root() -> Path:
