@@ -1,14 +1,17 @@
 """The lessons work in a real browser: JupyterLab + headless Chromium run a lesson end to end.
 
-The test starts JupyterLab on 127.0.0.1 (a free port, a token, ``--no-browser``) over a
-temporary copy of ``lessons/`` (so autosave cannot touch the committed notebooks), drives
-Debian's Chromium through its chromedriver with the W3C WebDriver protocol (plain HTTP, no extra
-Python package), opens a lesson, runs every cell, and checks that the kernel reported no error,
-that a plotly figure was drawn and that an ipywidgets control was drawn. Three lessons run: the
-first one (collectives on ranks), lesson 8 (profiler traces, a benchmark, a widget panel) and
-lesson 9 (training steps on ranks, bucket timelines, memory figures, a widget).
-A screenshot per lesson is kept in ``tests/artifacts/``. JupyterLab, its kernel and Chromium
-are stopped at the end, pass or fail.
+One JupyterLab server on 127.0.0.1 (a free port, a token, ``--no-browser``), over a temporary
+copy of ``lessons/`` (so autosave cannot touch the committed notebooks), and one headless
+Chromium, driven through its chromedriver with the W3C WebDriver protocol (plain HTTP, no extra
+Python package), serve every lesson of this module in turn: each lesson opens in a workspace of
+its own, runs every cell, and must show no kernel error, a plotly figure and an ipywidgets
+control; then its kernel (and the rank pools it started) is shut down. The lessons: the first
+one (collectives on ranks), lesson 8 (profiler traces, a benchmark, a widget panel), lesson 9
+(training steps on ranks, bucket timelines, memory figures, a widget), lessons 10 and 11
+(pipeline schedules, ring attention, on ranks). These lessons are therefore not run a second
+time through nbclient (``test_notebooks.BROWSER_RUN``) where this test can run. A screenshot per
+lesson is kept in ``tests/artifacts/``. JupyterLab and Chromium are stopped at the end, pass or
+fail.
 
 Skipped where no Chromium or chromedriver is installed (CI installs Debian's ``chromium`` and
 ``chromium-driver``).
@@ -150,37 +153,86 @@ return {status: kernel ? kernel.status : 'none', code: code, done: done, errors:
 """
 
 
-@pytest.mark.parametrize("lesson", LESSONS, ids=lambda name: name.split("_")[0])
-def test_lesson_runs_in_chromium(tmp_path, lesson):
-    work = tmp_path / "lessons"
-    shutil.copytree(ROOT / "lessons", work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ, WORKBOOK_LESSONS_NO_GRADE="1", JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
-               JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / f"browser_{Path(lesson).stem}.png"
-    lab = driver_proc = driver = None
-    log = open(tmp_path / "jupyterlab.log", "w")
-    try:
-        lab = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
-             "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={tmp_path / 'ws'}",
-             "--ServerApp.port_retries=0", "--allow-root",       # CI containers run as root
+class Browser:
+    """One JupyterLab server and one Chromium session, shared by every lesson of the module."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp = tmp_path
+        self.work = tmp_path / "lessons"
+        shutil.copytree(ROOT / "lessons", self.work,
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        self.port, self.token = _free_port(), secrets.token_hex(16)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.lab = self.driver_proc = self.driver = None
+        self.log = open(tmp_path / "jupyterlab.log", "w")
+
+    def start(self) -> "Browser":
+        env = dict(os.environ, WORKBOOK_LESSONS_NO_GRADE="1",
+                   JUPYTER_RUNTIME_DIR=str(self.tmp / "rt"), JUPYTER_CONFIG_DIR=str(self.tmp / "cfg"))
+        self.lab = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
+             f"--port={self.port}", f"--IdentityProvider.token={self.token}",
+             f"--ServerApp.root_dir={self.work}", "--LabApp.expose_app_in_browser=True",
+             f"--LabApp.workspaces_dir={self.tmp / 'ws'}", "--ServerApp.port_retries=0",
+             "--allow-root",                                   # CI containers run as root
              "--LabApp.extension_manager=readonly",
              "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-            cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        base = f"http://127.0.0.1:{port}"
-        _wait_until("JupyterLab to answer", lambda: _http("GET", f"{base}/api/status?token={token}",
-                                                          timeout=5), 90)
+            cwd=self.work, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        _wait_until("JupyterLab to answer", lambda: self.api("GET", "status", timeout=5), 90)
         dport = _free_port()
-        driver_proc = subprocess.Popen([CHROMEDRIVER, f"--port={dport}"], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL, start_new_session=True)
+        self.driver_proc = subprocess.Popen([CHROMEDRIVER, f"--port={dport}"],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            start_new_session=True)
         dbase = f"http://127.0.0.1:{dport}"
         _wait_until("chromedriver",
                     lambda: _http("GET", f"{dbase}/status", timeout=5)["value"]["ready"], 30)
-        driver = WebDriver(dbase, str(tmp_path / "chromium-profile"))
-        driver.get(f"{base}/lab/tree/{lesson}?token={token}")
+        self.driver = WebDriver(dbase, str(self.tmp / "chromium-profile"))
+        return self
+
+    def api(self, method: str, path: str, timeout: float = 20.0):
+        return _http(method, f"{self.base}/api/{path}?token={self.token}", timeout=timeout)
+
+    def shut_kernels(self) -> None:
+        """Every kernel (and its rank pools) stopped, so the next lesson starts with free memory."""
+        try:
+            for kernel in self.api("GET", "kernels") or []:
+                self.api("DELETE", f"kernels/{kernel['id']}", timeout=60)
+        except Exception:                                   # noqa: BLE001 - cleanup
+            pass
+
+    def stop(self) -> None:
+        if self.driver is not None:
+            self.driver.quit()
+        _stop(self.driver_proc)
+        if self.lab is not None and self.lab.poll() is None:
+            try:                                       # shuts its kernels down, then itself
+                self.api("POST", "shutdown", timeout=20)
+                self.lab.wait(timeout=30)
+            except Exception:                           # noqa: BLE001 - fall back to signals
+                pass
+        _stop(self.lab)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    b = Browser(tmp_path_factory.mktemp("browser"))
+    try:
+        yield b.start()
+    finally:
+        b.stop()
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda name: name.split("_")[0])
+def test_lesson_runs_in_chromium(browser, lesson):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"browser_{Path(lesson).stem}.png"
+    driver = browser.driver
+    try:
+        # a workspace of its own per lesson: nothing of the previous lesson's layout is restored
+        driver.get(f"{browser.base}/lab/workspaces/{Path(lesson).stem}/tree/{lesson}"
+                   f"?token={browser.token}")
         _wait_until("the notebook and its kernel", lambda: (driver.js(STATE_JS) or {}).get("status")
                     == "idle", 120)
         driver.js("window.jupyterapp.commands.execute('notebook:run-all-cells'); return true;")
@@ -205,14 +257,4 @@ def test_lesson_runs_in_chromium(tmp_path, lesson):
         assert state["widgets"] > 0, f"no ipywidgets control rendered in {lesson}: {state}"
         assert shot.stat().st_size > 10_000, f"screenshot {shot} looks empty"
     finally:
-        if driver is not None:
-            driver.quit()
-        _stop(driver_proc)
-        if lab is not None and lab.poll() is None:
-            try:                                       # shuts its kernels down, then itself
-                _http("POST", f"http://127.0.0.1:{port}/api/shutdown?token={token}", timeout=20)
-                lab.wait(timeout=30)
-            except Exception:                           # noqa: BLE001 - fall back to signals
-                pass
-        _stop(lab)
-        log.close()
+        browser.shut_kernels()

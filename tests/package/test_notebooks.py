@@ -3,7 +3,8 @@
 Each lesson's source is its jupytext percent script ``lessons/NN_name.py``; the committed
 ``NN_name.ipynb`` is its pair, with outputs stripped. These tests check the pair agrees, then
 execute the notebook made from the script in a fresh Jupyter kernel (nbclient), the way a
-learner's "Run All" would. Grading cells are skipped while the notebooks run
+learner's "Run All" would; the lessons the browser test runs in JupyterLab are left to it
+where Chromium is installed (as in CI), and run here otherwise. Grading cells are skipped while the notebooks run
 (``WORKBOOK_LESSONS_NO_GRADE``); ``test_check_your_work`` runs the grading helper once on its own.
 """
 from __future__ import annotations
@@ -20,6 +21,16 @@ ROOT = Path(__file__).resolve().parents[2]
 LESSONS = ROOT / "lessons"
 SCRIPTS = sorted(LESSONS.glob("[0-9][0-9]_*.py"))
 CELL_TIMEOUT_S = 240
+
+
+def _browser_run() -> set[str]:
+    """The lessons ``test_browser.py`` runs end to end in JupyterLab + Chromium (every cell, no
+    kernel error allowed), where it can run: nbclient need not run them a second time."""
+    from test_browser import CHROMEDRIVER, CHROMIUM, LESSONS as IN_BROWSER
+    return {Path(name).stem for name in IN_BROWSER} if CHROMIUM and CHROMEDRIVER else set()
+
+
+BROWSER_RUN = _browser_run()
 
 
 def _sources(nb) -> list[tuple[str, str]]:
@@ -49,6 +60,8 @@ def test_notebook_pair_in_sync(script):
 @pytest.mark.timeout(2 * CELL_TIMEOUT_S)       # nbclient's per-cell timeout fires first, naming the cell
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_notebook_runs(script, monkeypatch):
+    if script.stem in BROWSER_RUN:
+        pytest.skip("run end to end in JupyterLab + Chromium by test_browser.py")
     from nbclient import NotebookClient
     monkeypatch.setenv("WORKBOOK_LESSONS_NO_GRADE", "1")        # the kernel inherits it
     nb = jupytext.read(script)
