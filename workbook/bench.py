@@ -203,9 +203,11 @@ TARGETS = {
                   "workbook bench tp_overlap --help)",
     "dp_overlap": "bucketed DP, ZeRO-1/2/3 vs naive DP vs no communication (own options: "
                   "workbook bench dp_overlap --help)",
+    "pp_overlap": "GPipe and 1F1B, blocking and overlapped p2p, vs no communication (own "
+                  "options: workbook bench pp_overlap --help)",
 }
 DOMINO = "domino"
-OWN_OPTIONS = (DOMINO, "tp_overlap", "dp_overlap")         # routed by cli.main, as domino is
+OWN_OPTIONS = (DOMINO, "tp_overlap", "dp_overlap", "pp_overlap")   # routed by cli.main, as domino is
 
 
 def _targets_epilog() -> str:

@@ -10,6 +10,7 @@
     workbook bench domino                 Domino vs vanilla TP vs no communication
     workbook bench tp_overlap             SP's comm inside the GEMMs vs plain SP vs Domino
     workbook bench dp_overlap             bucketed DP and ZeRO-1/2/3 vs naive DP vs no communication
+    workbook bench pp_overlap             GPipe and 1F1B, blocking and overlapped p2p, vs no communication
 """
 from __future__ import annotations
 
@@ -230,8 +231,20 @@ def dp_overlap_bench_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def pp_overlap_bench_parser() -> argparse.ArgumentParser:
+    """``workbook bench pp_overlap``: GPipe and 1F1B with blocking and overlapped p2p vs the
+    no-communication step, beside the textbook bubble and ``workbook.pipeline.simulate``."""
+    from workbook import bench_pp_overlap
+    parser = argparse.ArgumentParser(prog="workbook bench pp_overlap",
+                                     description=pp_overlap_bench_parser.__doc__)
+    bench_pp_overlap.add_arguments(parser)
+    parser.set_defaults(func=lambda a: bench_pp_overlap.run_bench(a) and 0,
+                        command="bench pp_overlap")
+    return parser
+
+
 BENCH_PARSERS = {"domino": domino_bench_parser, "tp_overlap": tp_overlap_bench_parser,
-                 "dp_overlap": dp_overlap_bench_parser}
+                 "dp_overlap": dp_overlap_bench_parser, "pp_overlap": pp_overlap_bench_parser}
 
 
 def main(argv=None) -> int:
