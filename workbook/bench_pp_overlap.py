@@ -58,9 +58,9 @@ its data arrives, i.e. the overlapped executor; for ``gpipe`` and ``1f1b`` (bloc
 what the same schedule would take with overlapped p2p, and the gap to the measured figure is
 what blocking costs. ``textbook_bubble`` is ``(p - 1) / (m + p - 1)`` (no transfer time).
 
-The ceiling. Non-interleaved 1F1B cannot hide all its steady-state p2p: each steady-state step
-waits for one transfer on its critical path (the gradient that the next backward needs is made
-by the neighbour's backward just before). ``hidden_ceiling`` gives, from ``simulate`` with the
+The ceiling. Non-interleaved 1F1B cannot hide all its steady-state p2p: its steady state
+waits for the transfers on its critical path (one per micro-batch on 2 stages, 2(p - 1)/p on p;
+the gradient that the next backward needs is made by the neighbour's backward just before). ``hidden_ceiling`` gives, from ``simulate`` with the
 measured times, ``steady_pct``: the share of the steady state's transfers (a send and its
 receive each count, on their stage, placed at ``[end of the producing action, + t_p2p]`` as the
 link places them) that fall under the stage's own compute (``p2p_hidden``; the figure printed);

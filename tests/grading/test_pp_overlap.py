@@ -47,8 +47,8 @@ EXPOSED_P2P = 1               # per rank and kind: the first receive (nothing co
                               # and the last send (nothing computes after it)
 THRESHOLD = 10.0              # % of the steady state's p2p link time hidden: a floor under the
                               # structure checks, which carry this test. Non-interleaved 1F1B
-                              # hides about half of it at best: each steady-state step waits for
-                              # one transfer on its critical path (simulate() with t_p2p > 0), and
+                              # cannot hide the transfers on its steady state's critical path
+                              # (simulate() with t_p2p > 0: about half of them on 2 stages), and
                               # where the rest lands depends on timing, so the reference measures
                               # 17-48% under load and on one core (README); blocking p2p, 0-1%
 
