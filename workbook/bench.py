@@ -190,7 +190,7 @@ def _handle(args) -> int:
 
 # What ``workbook bench`` can time, one line each, for its --help. ``domino`` is not a collective:
 # ``workbook.cli.main`` sends ``workbook bench domino ...`` to its own parser
-# (``workbook.cli.domino_bench_parser``, options in ``workbook.bench_domino``) before argparse
+# (``workbook.cli.model_bench_parser``, options in ``workbook.bench_domino`` and the others) before argparse
 # sees it; it is listed here so that ``workbook bench --help`` names it.
 TARGETS = {
     "all_reduce": "every rank ends with the sum (busbw = algbw * 2(n-1)/n)",
@@ -205,9 +205,11 @@ TARGETS = {
                   "workbook bench dp_overlap --help)",
     "pp_overlap": "GPipe and 1F1B, blocking and overlapped p2p, vs no communication (own "
                   "options: workbook bench pp_overlap --help)",
+    "cp_ring": "ring attention's K/V exchange hidden, contiguous vs zig-zag, over a sequence "
+               "sweep (own options: workbook bench cp_ring --help)",
 }
 DOMINO = "domino"
-OWN_OPTIONS = (DOMINO, "tp_overlap", "dp_overlap", "pp_overlap")   # routed by cli.main, as domino is
+OWN_OPTIONS = (DOMINO, "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring")   # routed by cli.main, as domino is
 
 
 def _targets_epilog() -> str:

@@ -11,6 +11,7 @@
     workbook bench tp_overlap             SP's comm inside the GEMMs vs plain SP vs Domino
     workbook bench dp_overlap             bucketed DP and ZeRO-1/2/3 vs naive DP vs no communication
     workbook bench pp_overlap             GPipe and 1F1B, blocking and overlapped p2p, vs no communication
+    workbook bench cp_ring                ring attention's K/V exchange hidden, contiguous vs zig-zag, S sweep
 """
 from __future__ import annotations
 
@@ -197,54 +198,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def domino_bench_parser() -> argparse.ArgumentParser:
-    """``workbook bench domino``: Domino vs vanilla TP vs the no-communication optimum."""
-    from workbook import bench_domino
-    parser = argparse.ArgumentParser(prog="workbook bench domino",
-                                     description=domino_bench_parser.__doc__)
-    bench_domino.add_arguments(parser)
-    parser.set_defaults(func=lambda a: bench_domino.run_bench(a) and 0, command="bench domino")
+# the model benchmarks, each with its own options: workbook bench LAB [options]
+MODEL_BENCHES = {
+    "domino": ("bench_domino", "Domino vs vanilla TP vs the no-communication optimum."),
+    "tp_overlap": ("bench_tp_overlap", "SP's all-gather/reduce-scatter inside the GEMMs vs plain "
+                   "SP, Domino and the no-communication optimum."),
+    "dp_overlap": ("bench_dp_overlap", "bucketed DP and ZeRO-1/2/3 with their traffic hidden vs "
+                   "naive DP and the no-communication optimum, beside the overlap arithmetic's "
+                   "predictions."),
+    "pp_overlap": ("bench_pp_overlap", "GPipe and 1F1B with blocking and overlapped p2p vs the "
+                   "no-communication step, beside the textbook bubble and "
+                   "workbook.pipeline.simulate."),
+    "cp_ring": ("bench_cp_ring", "ring attention's K/V exchange hidden behind each ring step's "
+                "attention, contiguous vs zig-zag split, over a sweep of sequence lengths."),
+}
+
+
+def model_bench_parser(name: str) -> argparse.ArgumentParser:
+    """``workbook bench NAME``: the parser of one model benchmark (``MODEL_BENCHES``), its options
+    from its module's ``add_arguments``, run by its ``run_bench``."""
+    import importlib
+    module_name, description = MODEL_BENCHES[name]
+    module = importlib.import_module(f"workbook.{module_name}")
+    parser = argparse.ArgumentParser(prog=f"workbook bench {name}",
+                                     description=f"workbook bench {name}: {description}")
+    module.add_arguments(parser)
+    parser.set_defaults(func=lambda a: module.run_bench(a) and 0, command=f"bench {name}")
     return parser
 
 
-def tp_overlap_bench_parser() -> argparse.ArgumentParser:
-    """``workbook bench tp_overlap``: SP's all-gather/reduce-scatter inside the GEMMs vs plain
-    SP, Domino and the no-communication optimum."""
-    from workbook import bench_tp_overlap
-    parser = argparse.ArgumentParser(prog="workbook bench tp_overlap",
-                                     description=tp_overlap_bench_parser.__doc__)
-    bench_tp_overlap.add_arguments(parser)
-    parser.set_defaults(func=lambda a: bench_tp_overlap.run_bench(a) and 0,
-                        command="bench tp_overlap")
-    return parser
-
-
-def dp_overlap_bench_parser() -> argparse.ArgumentParser:
-    """``workbook bench dp_overlap``: bucketed DP and ZeRO-1/2/3 with their traffic hidden vs
-    naive DP and the no-communication optimum, beside the overlap arithmetic's predictions."""
-    from workbook import bench_dp_overlap
-    parser = argparse.ArgumentParser(prog="workbook bench dp_overlap",
-                                     description=dp_overlap_bench_parser.__doc__)
-    bench_dp_overlap.add_arguments(parser)
-    parser.set_defaults(func=lambda a: bench_dp_overlap.run_bench(a) and 0,
-                        command="bench dp_overlap")
-    return parser
-
-
-def pp_overlap_bench_parser() -> argparse.ArgumentParser:
-    """``workbook bench pp_overlap``: GPipe and 1F1B with blocking and overlapped p2p vs the
-    no-communication step, beside the textbook bubble and ``workbook.pipeline.simulate``."""
-    from workbook import bench_pp_overlap
-    parser = argparse.ArgumentParser(prog="workbook bench pp_overlap",
-                                     description=pp_overlap_bench_parser.__doc__)
-    bench_pp_overlap.add_arguments(parser)
-    parser.set_defaults(func=lambda a: bench_pp_overlap.run_bench(a) and 0,
-                        command="bench pp_overlap")
-    return parser
-
-
-BENCH_PARSERS = {"domino": domino_bench_parser, "tp_overlap": tp_overlap_bench_parser,
-                 "dp_overlap": dp_overlap_bench_parser, "pp_overlap": pp_overlap_bench_parser}
+BENCH_PARSERS = {name: (lambda name=name: model_bench_parser(name)) for name in MODEL_BENCHES}
 
 
 def main(argv=None) -> int:
