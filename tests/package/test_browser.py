@@ -37,7 +37,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 LESSONS = ["01_collectives.ipynb", "08_tp_overlap.ipynb", "09_dp_overlap.ipynb",
-           "10_pp_overlap.ipynb"]
+           "10_pp_overlap.ipynb", "11_cp_ring.ipynb"]
 CHROMIUM = shutil.which("chromium") or (
     "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 CHROMEDRIVER = shutil.which("chromedriver") or (
