@@ -67,6 +67,27 @@ def verdicts_in_process(folder: str, lab: str, only=None, max_ranks: int | None 
                 os.environ[k] = v
 
 
+def assert_fails_exactly(folder: str, lab: str, only, expected: dict, max_ranks: int = 2) -> None:
+    """Grade ``tests/grading/wrong/FOLDER`` in process (``verdicts_in_process``: the checks
+    ``only``, under a rank cap of ``max_ranks``, as a small grading machine would) and assert
+    that exactly the checks of ``expected`` (names without ``[n]``) failed -- failed, not hung
+    or errored -- each message holding every word ``expected`` lists for it."""
+    from workbook.grading import engine
+    verdicts = verdicts_in_process(folder, lab, only, max_ranks=max_ranks)
+    assert verdicts, "no check ran"
+    failed = {v.name.split("[")[0] for v in verdicts if v.status != engine.PASSED}
+    assert failed == set(expected), (
+        f"{folder}: expected exactly {sorted(expected)} to fail, got "
+        + "; ".join(f"{v.name}: {v.status}: {v.message[:300]}" for v in verdicts
+                    if v.status != engine.PASSED))
+    for v in verdicts:
+        if v.status == engine.PASSED:
+            continue
+        assert v.status == engine.FAILED, f"{folder}: {v.name} is {v.status}: {v.message[:800]}"
+        for word in expected[v.name.split("[")[0]]:
+            assert word in v.message, f"{folder}: {v.name}'s message lacks {word!r}:\n{v.message[:1500]}"
+
+
 def grade_in_process(folder: str, lab: str) -> dict[str, str | None]:
     """As ``grade``, through the self-check engine in this process (``verdicts_in_process``) on
     the warm rank pools instead of a pytest subprocess that starts its own: ``{test name: failure
