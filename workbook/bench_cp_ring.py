@@ -127,38 +127,6 @@ def hops_behind(n: int, phase: str) -> list[int]:
     return [1 if t in (0, n - 1) else 2 for t in range(n)] if n > 1 else [0]
 
 
-class _Spy:
-    """Within the ``with``: every call of the lab's ``block_forward`` / ``block_backward``
-    (looked up in the lab's namespace, as the grader's spies do) noted as ``(start, end)`` ns."""
-
-    NAMES = ("block_forward", "block_backward")
-
-    def __init__(self, lab):
-        self.lab, self.calls, self.saved = lab, [], {}
-
-    def __enter__(self) -> list:
-        self.calls = []
-        for name in self.NAMES:
-            fn = getattr(self.lab, name, None)
-            if fn is None:
-                continue
-            self.saved[name] = fn
-
-            def timed(*args, _fn=fn, **kwargs):
-                start = time.perf_counter_ns()
-                out = _fn(*args, **kwargs)
-                self.calls.append((start, time.perf_counter_ns()))
-                return out
-            setattr(self.lab, name, timed)
-        return self.calls
-
-    def __exit__(self, *exc):
-        for name, fn in self.saved.items():
-            setattr(self.lab, name, fn)
-        self.saved = {}
-        return False
-
-
 # --------------------------------------------------------------------------- inside a rank
 def _union_ms(spans) -> float:
     """The length (ms) of the union of ``(start_ns, end_ns)`` spans."""
@@ -219,7 +187,7 @@ def _rank_bench(o: dict, root: str) -> dict:
     from torch.profiler import record_function
 
     from workbook import link
-    from workbook.context_parallel import contiguous_layout
+    from workbook.context_parallel import BlockCallTimer, contiguous_layout
     from workbook.domino_measure import profiled_step, recalibrate
     from workbook.grading.labs import load_lab
     from workbook.tp import rank_device
@@ -233,7 +201,7 @@ def _rank_bench(o: dict, root: str) -> dict:
         made = {"contiguous": lambda: contiguous_layout(S, n), "zigzag": lambda: lab.zigzag_layout(S, n)}
         for split in o["splits"]:
             cases[S, split] = (x, made[split]())
-    spy = _Spy(lab)
+    spy = BlockCallTimer(lab)
 
     def step(key, times: list) -> None:
         (q, k, v, do), layout = cases[key]

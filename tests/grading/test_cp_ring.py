@@ -38,8 +38,8 @@ import time
 import pytest
 import torch
 
-from workbook.context_parallel import CAUSAL, FULL, SKIP, Layout, Partial, contiguous_layout, \
-    finish
+from workbook.context_parallel import CAUSAL, FULL, SKIP, BlockCallTimer, Layout, Partial, \
+    contiguous_layout, finish
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
 from workbook.grading.timing import STRUCTURAL, measure_until_clear
 from workbook.grading.tp_checks import raise_if_failed, randn, rank_error, ranks_label, to_cpu
@@ -637,7 +637,7 @@ def _overlap(trace_dir: str) -> dict:
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         dist.barrier()
         before = len(link.op_log())
-        with _ComputeSpy(lab) as computed, rank_trace(trace_dir, lab=LAB):
+        with BlockCallTimer(lab) as computed, rank_trace(trace_dir, lab=LAB):
             with torch.profiler.record_function("forward"):
                 y = lab.ring_attention(qq, kk, vv, layout)
             middle = time.perf_counter_ns()
@@ -678,36 +678,6 @@ def _overlap(trace_dir: str) -> dict:
             "hops": len(hops), "at_once": len(at_once),
             "at_once_ms": sum(max(r.modelled_ns for r in h) for h in at_once) / 1e6}
     return result
-
-
-class _ComputeSpy:
-    """Within the ``with``: every call of the lab's ``block_forward`` and ``block_backward`` (the
-    given block compute, looked up in the lab's namespace) noted as ``(start_ns, end_ns)``."""
-
-    NAMES = ("block_forward", "block_backward")
-
-    def __init__(self, lab):
-        self.lab, self.calls, self.saved = lab, [], {}
-
-    def __enter__(self) -> list:
-        for name in self.NAMES:
-            fn = getattr(self.lab, name, None)
-            if fn is None:
-                continue
-            self.saved[name] = fn
-
-            def timed(*args, _fn=fn, **kwargs):
-                start = time.perf_counter_ns()
-                out = _fn(*args, **kwargs)
-                self.calls.append((start, time.perf_counter_ns()))
-                return out
-            setattr(self.lab, name, timed)
-        return self.calls
-
-    def __exit__(self, *exc):
-        for name, fn in self.saved.items():
-            setattr(self.lab, name, fn)
-        return False
 
 
 def _structure(r: dict, phases=("forward", "backward")) -> str | None:
