@@ -45,6 +45,31 @@ print(subprocess.run([sys.executable, "-m", "workbook.cli", "doctor"],
                      capture_output=True, text=True).stdout)
 
 # %% [markdown]
+# ### If you have one GPU
+#
+# The labs need 2 to 4 ranks, and NCCL wants **one GPU per rank**. On a machine with one GPU,
+# `workbook doctor` (above) therefore reports that the ranks run on the CPU over gloo, even though
+# a GPU is present. This is on purpose. Every check in the course is proven on CPU ranks, and the
+# simulated link of lesson 3 makes their overlap visible. Figures from those runs are labelled
+# *simulated*: they show a CPU in slow motion, scaled so that compute and communication keep an
+# H100's proportions.
+#
+# To put the ranks on your GPU, run `export WORKBOOK_BACKEND=cuda` before starting Jupyter, or
+# pass `--backend cuda`. The doctor's line `WORKBOOK_BACKEND=cuda: …` shows what you would get:
+#
+# * **NCCL with the ranks sharing the GPU**, if torch loaded NCCL 2.30 or later (an
+#   experimental NCCL setting, `NCCL_MULTI_RANK_GPU_ENABLE=1`, which the workbook sets for the ranks);
+# * otherwise **gloo-cuda**: gloo, with each rank's tensors on the GPU and copied through host
+#   memory for each collective.
+#
+# Either way, the numbers (sums, gradients) are real and checked. The times are not a cluster's:
+# ranks on one GPU take turns on it, and their "communication" is a copy inside the GPU's memory.
+# The benchmarks warn you when this happens ("ranks share each GPU"). On a node with one GPU per
+# rank, the ranks use NCCL by default. There the figures are real, labelled with the GPU model,
+# and a collective counts as hidden while NCCL's kernels run beside compute kernels on other
+# streams.
+
+# %% [markdown]
 # ## `torchrun` and its environment variables
 #
 # On a cluster you start ranks with `torchrun --nproc_per_node=N script.py` (plus `--nnodes`

@@ -16,7 +16,8 @@ that each rank contributes S/n. Data is float32 zeros (no value growth across it
 folder time a lab's build: all_reduce is ``ring_allreduce.ring_all_reduce``, the others come
 from the collectives lab (broadcast and reduce: the binomial-tree builds). On a simulated
 link (``--link dgx-h100``, gloo on CPU) the numbers are the link model's, labelled
-"simulated"; on NCCL they are the GPUs', named in the header.
+"simulated"; on GPUs (NCCL, or gloo with CUDA tensors) they are real, and the header names the
+GPU model (and says so where several ranks share one GPU). No link is simulated unless asked for.
 
     workbook bench all_reduce --nproc 4 --impl solutions --sizes 1M,64M --json ring.json
 """
@@ -131,9 +132,11 @@ def run_bench(collective: str, nproc: int, *, impl: str = "builtin", link: str =
     from workbook.link import bus_factor
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}: choose one of {', '.join(COLLECTIVES)}")
+    from workbook.ranks import rank_layout
     factor = bus_factor(collective, nproc)
+    layout = rank_layout(backend, nproc, link)
     rows = []
-    with RankPool(nproc, backend, link=link) as pool:
+    with RankPool(nproc, layout.backend, link=link) as pool:
         try:
             from tqdm import tqdm
             bar = tqdm(sizes, desc=f"bench {collective}", unit="size", leave=False,
@@ -147,9 +150,8 @@ def run_bench(collective: str, nproc: int, *, impl: str = "builtin", link: str =
                                 timeout=timeout)
             first = per_rank[0]
             if not header:
-                simulated = f"{first['link']} -- SIMULATED numbers" if first["link"] else \
-                    f"real {first['device']} ({first['backend']}), no simulated link"
-                write(f"# bench {collective}: {first['name']} on {nproc} rank(s); {simulated}")
+                write(f"# bench {collective}: {first['name']} on {nproc} rank(s); "
+                      f"{source(first, layout)}")
                 write(f"# time = slowest rank's mean over {iters} iterations ({warmup} warm-up); "
                       f"busbw = algbw * {factor:.3g}")
                 write(f"{'size':>8} {'bytes':>12} {'time (us)':>12} {'algbw (GB/s)':>13} "
@@ -163,7 +165,22 @@ def run_bench(collective: str, nproc: int, *, impl: str = "builtin", link: str =
             write(f"{human(nbytes):>8} {nbytes:>12} {seconds * 1e6:>12.1f} {algbw:>13.3f} "
                   f"{algbw * factor:>13.3f}")
     label = "none" if link in (None, "none") else f"simulated:{link}"
-    return {"collective": collective, "nproc": nproc, "impl": impl, "link": label, "rows": rows}
+    return {"collective": collective, "nproc": nproc, "impl": impl, "link": label,
+            "backend": layout.backend, "device": first["device"] if rows else None,
+            "ranks_per_gpu": layout.ranks_per_gpu, "rows": rows}
+
+
+def source(first: dict, layout) -> str:
+    """Where the figures come from, for the table's header: the simulated link (labelled so), or
+    the real hardware by name -- a GPU's model, with a warning where ranks share a GPU (their
+    "bandwidth" is then copies inside one GPU's memory, not an interconnect)."""
+    if first["link"]:
+        return f"{first['link']} -- SIMULATED numbers"
+    where = f"real {first['device']} ({first['backend']}), no simulated link"
+    if layout.ranks_per_gpu > 1:
+        where += (f"; {layout.ranks_per_gpu} ranks share each GPU: the bandwidth is copies "
+                  f"within one GPU, not an interconnect")
+    return where
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -248,7 +265,9 @@ def register(subparsers) -> None:
     p.add_argument("--impl", default="builtin",
                    help="builtin (default), labs, solutions, or a folder of lab files")
     p.add_argument("--link", default="none", help="simulated link preset, or none (default)")
-    p.add_argument("--backend", choices=["gloo", "nccl"], default=None)
+    p.add_argument("--backend", choices=["gloo", "nccl", "gloo-cuda", "cuda"], default=None,
+                   help="default: $WORKBOOK_BACKEND, else NCCL with one GPU per rank where the "
+                        "GPUs suffice, else gloo on CPU (workbook doctor says which)")
     p.add_argument("--sizes", default="1K..64M",
                    help="bytes: a range LO..HI (steps of --factor) and/or a list, e.g. 1M,64M")
     p.add_argument("--factor", type=int, default=4, help="step of a size range (default 4)")

@@ -27,9 +27,15 @@ would make vanilla TP ``1 / (1 - f)`` times faster, and no schedule beats the op
 and the real gloo time the link cannot explain (rank skew on shared cores): per op,
 ``arrival - issued`` against the modelled time.
 
-All figures are on the simulated link (``workbook.link``): a CPU in slow motion, labelled so.
+On CPU ranks the figures are on the simulated link (``workbook.link``, ``dgx-h100`` unless
+``--link`` says otherwise): a CPU in slow motion, labelled so. On GPUs (``--backend nccl`` or
+``cuda``, or by default where there is a GPU per rank) nothing is simulated unless ``--link``
+asks for it: step times are real (the GPU synchronized around each step), ``comm_ms`` is the
+time NCCL kernels ran, the overlaps are NCCL kernels under compute kernels on other streams, and
+the table names the GPU model.
 
     workbook bench domino --link dgx-h100 --json domino.json
+    workbook bench domino --backend nccl --nproc 2          # real GPUs, real figures
 """
 from __future__ import annotations
 
@@ -69,14 +75,32 @@ def add_model_arguments(parser, defaults: dict, variants, steps: int) -> None:
 
 def add_arguments(parser) -> None:
     add_model_arguments(parser, DEFAULTS, VARIANTS, steps=3)
+    parser.set_defaults(link=None)
+    parser._option_string_actions["--link"].help = (
+        "simulated link preset (default: dgx-h100 on CPU ranks, none on GPUs)")
+    parser.add_argument("--backend", choices=["gloo", "nccl", "gloo-cuda", "cuda"], default=None,
+                        help="where the ranks run (default: $WORKBOOK_BACKEND, else a GPU per rank "
+                             "where there are enough, else CPU ranks: workbook doctor says which)")
     parser.add_argument("--lookahead", type=int, default=1, help="Domino's prepare-ahead (default 1)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
 
 
+def resolve(backend: str | None, link: str | None, nproc: int):
+    """``(layout, link)``: where the ranks run (``workbook.gpu.Layout``) and the link preset.
+    Without ``--link``: ``dgx-h100`` for CPU ranks (a CPU needs a modelled link to show any
+    overlap), none on GPUs (the real interconnect is what is measured)."""
+    from workbook.ranks import rank_layout
+    if link is None:
+        layout = rank_layout(backend, nproc, "none")
+        return layout, "none" if layout.on_gpu else "dgx-h100"
+    return rank_layout(backend, nproc, link), link
+
+
 # --------------------------------------------------------------------------- inside a rank
 def _rank_bench(opts: dict, trace_root: str) -> dict:
-    from workbook import link
+    from workbook import launch, link
     from workbook.domino_measure import inputs, overlap_fields, profiled_step, training_step
+    from workbook.trace.capture import hardware
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
     from workbook.tp_stack import TPStack
@@ -86,10 +110,12 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
     cfg = ModelConfig(hidden=opts["hidden"], heads=opts["heads"], ffn_hidden=opts["ffn"],
                       n_layers=opts["layers"], seq_len=opts["seq"], vocab_size=opts["vocab"],
                       style=opts["style"], dtype="float32")
-    x, targets = inputs(cfg, opts["batch"])
-    m = TPStack(cfg, rank, world)
+    dev = launch.device()
+    x, targets = (t.to(dev) for t in inputs(cfg, opts["batch"]))
+    m = TPStack(cfg, rank, world, device=dev)
+    gpu = dev.type == "cuda"
     out = {"rank": rank, "link": link.current_link().describe() if link.current_link() else None,
-           "variants": {}}
+           "hardware": hardware(), "variants": {}}
     variants = [v for v in opts["variants"] if v != "no_comm"]
     if "no_comm" in opts["variants"]:       # the optimum: the faster no-communication schedule
         variants += ["no_comm", "no_comm_domino"]
@@ -116,16 +142,30 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
         for variant in variants:
             elapsed, ops, t = profiled_step(lambda: step(variant, k),
                                             Path(trace_root) / variant / f"step{k}", rank, "domino")
-            figures = {"step_ms": elapsed, "comm_ms": sum(o.modelled_ns for o in ops) / 1e6,
-                       "gloo_arrival_ms": sum(max(0, o.arrival_ns - o.issued_ns) for o in ops) / 1e6,
-                       "beyond_modelled_ms": sum(max(0, o.arrival_ns - o.end_ns) for o in ops) / 1e6,
-                       **overlap_fields(t, ops)}
+            figures = _gpu_figures(elapsed, t) if gpu else {
+                "step_ms": elapsed, "comm_ms": sum(o.modelled_ns for o in ops) / 1e6,
+                "gloo_arrival_ms": sum(max(0, o.arrival_ns - o.issued_ns) for o in ops) / 1e6,
+                "beyond_modelled_ms": sum(max(0, o.arrival_ns - o.end_ns) for o in ops) / 1e6,
+                **overlap_fields(t, ops)}
             for key, value in figures.items():
                 rows[variant][key].append(value)
     for variant, r in rows.items():
         out["variants"][variant] = {f: (statistics.median(v) if v and None not in v else None)
                                     for f, v in r.items()}
     return out
+
+
+def _gpu_figures(elapsed_ms: float, t) -> dict:
+    """One step's figures on a GPU, from its trace: ``comm_ms`` is the time NCCL kernels ran
+    (their union), the overlaps NCCL kernels under compute kernels, per pass. Nothing is modelled,
+    so the CPU-only fields (gloo arrival, beyond the modelled end) are None."""
+    from workbook import trace
+    o = trace.overlap(t)
+    return {"step_ms": elapsed_ms, "comm_ms": o.comm_us / 1e3,
+            "exposed_comm_ms": o.exposed_comm_us / 1e3,
+            "overlap_fwd_pct": trace.overlap_pct(t, within="forward") if o.comm_us else None,
+            "overlap_bwd_pct": trace.overlap_pct(t, within="backward") if o.comm_us else None,
+            "gloo_arrival_ms": None, "beyond_modelled_ms": None}
 
 
 # --------------------------------------------------------------------------- sequence-parallel TP
@@ -194,13 +234,18 @@ def _combine(results: list[dict]) -> dict:
             "exposed_comm_ms": max(r["exposed_comm_ms"] for r in rows),
             "overlap_fwd_pct": _mean([r["overlap_fwd_pct"] for r in rows]),
             "overlap_bwd_pct": _mean([r["overlap_bwd_pct"] for r in rows]),
-            "gloo_arrival_ms": max(r["gloo_arrival_ms"] for r in rows),
-            "beyond_modelled_ms": max(r["beyond_modelled_ms"] for r in rows)}
+            "gloo_arrival_ms": _max([r["gloo_arrival_ms"] for r in rows]),
+            "beyond_modelled_ms": _max([r["beyond_modelled_ms"] for r in rows])}
     from workbook.domino_measure import fold_optimum
     schedules = fold_optimum(merged)
     if schedules is not None:
         merged["no_comm"]["schedules_ms"] = schedules
     return merged
+
+
+def _max(xs):
+    xs = [x for x in xs if x is not None]
+    return max(xs) if xs else None
 
 
 def _mean(xs):
@@ -214,8 +259,14 @@ def _fmt(x, spec="{:.0f}"):
 
 def report(result: dict) -> str:
     v, o = result["variants"], result["options"]
-    lines = [f"Domino benchmark: {result['nproc']} ranks, simulated link {result['link']} "
-             f"({result['link_label']})",
+    simulated = result["link"] not in (None, "none")
+    on_gpu = result.get("backend", "gloo") != "gloo"
+    where = (f"simulated link {result['link']} ({result['link_label']})" if simulated else
+             f"{result.get('hardware', 'unknown hardware')} ({result.get('backend', '?')}), real "
+             f"figures, no simulated link")
+    comm = ("modelled link time" if simulated else "NCCL kernel time" if result.get("backend") ==
+            "nccl" else "gloo's collective time" if on_gpu else "link time")
+    lines = [f"Domino benchmark: {result['nproc']} ranks, {where}",
              f"model: {o['style']}, hidden {o['hidden']}, ffn {o['ffn']}, heads {o['heads']}, "
              f"{o['layers']} layers, batch {o['batch']} x seq {o['seq']}, vocab {o['vocab']}, fp32; "
              f"Domino p={o['p']} chunks, lookahead {o['lookahead']}; {o['steps']} measured steps",
@@ -228,8 +279,9 @@ def report(result: dict) -> str:
         if name not in v:
             continue
         r = v[name]
-        lines.append(f"{name:<14}{_fmt(r['step_ms']):>9}{_fmt(r['comm_ms']):>9}"
-                     f"{_fmt(r['exposed_comm_ms']):>9}{_fmt(r['overlap_fwd_pct'], '{:.1f}'):>10}"
+        ms = "{:.2f}" if on_gpu else "{:.0f}"          # a GPU step takes milliseconds
+        lines.append(f"{name:<14}{_fmt(r['step_ms'], ms):>9}{_fmt(r['comm_ms'], ms):>9}"
+                     f"{_fmt(r['exposed_comm_ms'], ms):>9}{_fmt(r['overlap_fwd_pct'], '{:.1f}'):>10}"
                      f"{_fmt(r['overlap_bwd_pct'], '{:.1f}'):>10}"
                      f"{_fmt(r['step_ms'] / base if base else None, '{:.2f}x'):>11}"
                      f"{_fmt(van / r['step_ms'] if van else None, '{:.2f}x'):>10}")
@@ -240,7 +292,7 @@ def report(result: dict) -> str:
     if f is not None:
         ceiling = 1 / (1 - f / 100)
         lines += ["", f"communication fraction f = comm / (comm + no-comm step) = {f:.1f}% "
-                      f"(vanilla TP's modelled link time)",
+                      f"(vanilla TP's {comm})",
                   f"1/(1-f) = {ceiling:.2f}x: the speed-up of hiding every byte, were vanilla TP's "
                   f"compute as fast as the optimum's"]
         if van and base:
@@ -255,12 +307,26 @@ def report(result: dict) -> str:
                 lines.append(f"Domino: {s:.2f}x over vanilla TP, {100 * s / best:.0f}% of the best "
                              f"possible {best:.2f}x; like for like (vanilla TP's link time added "
                              f"to the optimum's compute): {fair:.2f}x")
-    if "vanilla_tp" in v:
+    if "vanilla_tp" in v and v["vanilla_tp"]["gloo_arrival_ms"] is not None:
         r = v["vanilla_tp"]
         lines.append(f"vanilla TP waits: {r['comm_ms']:.0f} ms modelled link time per step; the "
                      f"real gloo ops took {r['gloo_arrival_ms']:.0f} ms from issue to arrival, "
                      f"{r['beyond_modelled_ms']:.0f} ms of it beyond the modelled end (skew, CPU)")
-    lines.append("simulated figures: a CPU in slow motion, calibrated to the preset's compute/link ratio")
+    if simulated:
+        lines.append("simulated figures: a CPU in slow motion, calibrated to the preset's "
+                     "compute/link ratio")
+    elif not on_gpu:
+        lines.append("no simulated link: loopback gloo on CPU makes communication almost free "
+                     "(--link dgx-h100 models one)")
+    else:
+        lines.append(f"measured on {result.get('hardware')}: comm = NCCL kernels, hidden = NCCL "
+                     f"kernels under compute kernels on other streams (read from the traces)"
+                     if result.get("backend") == "nccl" else
+                     f"measured on {result.get('hardware')} with gloo-cuda: comm = gloo's "
+                     f"collectives on the host (CUDA tensors copied through host memory)")
+        if result.get("ranks_per_gpu", 1) > 1:
+            lines.append(f"{result['ranks_per_gpu']} ranks share each GPU: their kernels compete "
+                         f"for one GPU, and NCCL's copies stay inside it (no interconnect)")
     return "\n".join(lines)
 
 
@@ -282,11 +348,14 @@ def run_bench(args) -> dict:
     ) if bad]
     if problems:
         raise SystemExit("workbook bench domino: " + "; ".join(problems))
+    layout, link = resolve(getattr(args, "backend", None), args.link, args.nproc)
     root = args.trace_dir or tempfile.mkdtemp(prefix="domino-bench-")
-    results = launch.run(_rank_bench, args.nproc, opts, root, link=args.link, timeout=1800)
+    results = launch.run(_rank_bench, args.nproc, opts, root, backend=layout.backend, link=link,
+                         timeout=1800)
     variants = _combine(results)
     link_info = results[0]["link"] or {}
-    result = {"link": args.link, "nproc": args.nproc, "options": opts,
+    result = {"link": link, "nproc": args.nproc, "options": opts, "backend": layout.backend,
+              "hardware": results[0]["hardware"], "ranks_per_gpu": layout.ranks_per_gpu,
               "link_label": f"calibrated to {link_info.get('local_gflops', 0):.0f} GFLOP/s local"
               if link_info else "none", "variants": variants, "comm_fraction_pct": None}
     if "vanilla_tp" in variants and "no_comm" in variants:
@@ -296,14 +365,16 @@ def run_bench(args) -> dict:
     if args.json:
         keys = ("step_ms", "comm_ms", "exposed_comm_ms", "overlap_fwd_pct", "overlap_bwd_pct")
         Path(args.json).write_text(json.dumps({
-            "link": args.link, "nproc": args.nproc, "comm_fraction_pct": result["comm_fraction_pct"],
+            "link": link, "nproc": args.nproc, "backend": layout.backend,
+            "hardware": result["hardware"], "simulated": link != "none",
+            "comm_fraction_pct": result["comm_fraction_pct"],
             "variants": {k: {f: r[f] for f in keys} for k, r in variants.items()}}, indent=2))
     return result
 
 
 def main(argv=None) -> None:
     import argparse
-    parser = argparse.ArgumentParser(description="Domino vs vanilla TP on the simulated link")
+    parser = argparse.ArgumentParser(description="Domino vs vanilla TP vs no communication")
     add_arguments(parser)
     run_bench(parser.parse_args(argv))
 

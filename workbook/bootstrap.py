@@ -136,8 +136,9 @@ def stages() -> list[tuple[str, str, list]]:
     wb = [PY, "-m", "workbook.cli"]
     return [
         ("labs/ generated from solutions/", "", [*wb, "assign", "--check"]),
-        ("package tests", "", [PY, "-m", "pytest", "-q", "tests/package", "-p", "no:cacheprovider",
-                               "--durations=8"]),
+        # tests/gpu: the GPU suite; without CUDA every test skips (a second, no more)
+        ("package tests", "", [PY, "-m", "pytest", "-q", "tests/package", "tests/gpu",
+                               "-p", "no:cacheprovider", "--durations=8"]),
         ("grading solutions/", "must be full marks", [*wb, "grade", "--impl", "solutions", "--strict"]),
         (STUB_TITLE, STUB_NOTE, [PY, "-m", "workbook.selftest", "stubs"]),
     ]

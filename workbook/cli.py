@@ -31,13 +31,13 @@ def cmd_doctor(args) -> int:
     print(f"python      {sys.version.split()[0]}")
     print(f"torch       {torch.__version__}")
     print(f"cpu cores   {os.cpu_count()}")
+    from workbook import gpu
     gpus = launch.gpu_count()
-    names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus)) if gpus else "none"
-    print(f"gpus        {gpus} ({names})")
     print(f"gloo        {'yes' if dist.is_gloo_available() else 'no'}")
-    print(f"nccl        {'yes' if dist.is_nccl_available() and gpus else 'no'}"
-          + ("" if gpus else " (needs a GPU per rank)"))
-    print(f"default     {launch.choose_backend(None, 2)} for 2 ranks")
+    names = gpu.gpu_names() if gpus else []
+    version = gpu.nccl_version() if gpus and dist.is_nccl_available() else None
+    for line in gpu.doctor_lines(names, version, os.environ):      # GPUs, NCCL, 2 and 4 ranks
+        print(line)
     torch.set_num_threads(launch.threads_per_rank(2))
     flops = link.measure_local_flops()
     print(f"matmul      {flops / 1e9:.1f} GFLOP/s fp32 on {torch.get_num_threads()} thread(s), "
@@ -49,7 +49,8 @@ def cmd_doctor(args) -> int:
               f"{link.PRESETS[name].description}")
     cores = os.cpu_count() or 1
     if gpus:
-        print(f"ranks       up to {gpus} NCCL ranks here (one per GPU); more ranks run on gloo (CPU)")
+        print(f"ranks       up to {gpus} NCCL ranks here (one per GPU); more: see the lines for "
+              f"2 and 4 ranks above")
     else:
         print(f"ranks       up to {max(2, cores)} ranks run at full speed here ({cores} cores, "
               f"{launch.threads_per_rank(max(2, cores))} torch thread(s) each); 4 ranks (what the "

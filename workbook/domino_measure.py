@@ -119,14 +119,25 @@ def profiled_step(step, tdir, rank: int, lab: str):
 
     from workbook import link, trace
     from workbook.trace.capture import rank_trace
+    sync = _synchronize()
     dist.barrier()
     since = len(link.op_log())
     with rank_trace(tdir, lab=lab):
+        sync()
         t0 = time.perf_counter()
         step()
+        sync()                                  # on a GPU: until its last kernel has run
         elapsed = (time.perf_counter() - t0) * 1e3
     ops = [r for r in link.op_log()[since:] if r.op != "barrier"]
     return elapsed, ops, trace.load_trace(Path(tdir) / f"rank{rank}.trace.json")
+
+
+def _synchronize():
+    """``torch.cuda.synchronize`` on a rank whose tensors live on a GPU (kernels run after the
+    host launched them: a step's time is until the last one ends), else nothing."""
+    import torch
+    from workbook.trace.capture import rank_device
+    return torch.cuda.synchronize if rank_device().type == "cuda" else (lambda: None)
 
 
 def overlap_fields(t, ops) -> dict:

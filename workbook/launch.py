@@ -14,7 +14,7 @@ Three ways in, one code path for the lab:
 What the launcher promises (each has a test in tests/package/test_launch.py):
 
 * backend: gloo on CPU (through the simulated link, see ``workbook.link``), NCCL with one GPU
-  per rank when asked for or when enough GPUs exist;
+  per rank when asked for or when enough GPUs exist (``workbook.gpu`` decides, and says why);
 * ports: the rendezvous store listens on a port the OS picks, so parallel runs never collide;
 * failure: when a rank raises, the caller gets *that* rank's exception and traceback, not the
   "connection closed" its peers see next; surviving ranks are stopped, nothing is left running;
@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import os
 
+from workbook.gpu import REQUESTS
 from workbook.pool import (DEFAULT_TIMEOUT, RankFailed, RankPool, RanksTimedOut,  # noqa: F401
                            RemoteTraceback, close_shared_pools, shared_pool)
 from workbook.ranks import (RankContext, choose_backend, context, device,  # noqa: F401
-                            gpu_count, init_rank, set_link, threads_per_rank)
+                            gpu_count, init_rank, rank_layout, set_link, threads_per_rank)
 
 
 def run(fn, world_size: int = 2, *args, backend: str | None = None, link: str = "none",
@@ -73,7 +74,9 @@ def main(fn, *, default_nproc: int = 4, describe=None) -> list | None:
     import argparse
     parser = argparse.ArgumentParser(description=(fn.__doc__ or "").strip().split("\n")[0])
     parser.add_argument("--nproc", type=int, default=default_nproc, help="ranks (ignored under torchrun)")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default=None)
+    parser.add_argument("--backend", choices=list(REQUESTS), default=None,
+                        help="gloo (CPU), nccl, gloo-cuda, or cuda (the GPUs, whatever works); "
+                             "default: $WORKBOOK_BACKEND, else what works here (workbook doctor)")
     parser.add_argument("--link", default=os.environ.get("WORKBOOK_LINK", "none"))
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
     opts = parser.parse_args()

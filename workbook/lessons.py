@@ -23,9 +23,11 @@ ENV_NO_GRADE = "WORKBOOK_LESSONS_NO_GRADE"
 
 
 def on_ranks(fn, n: int, *args, link: str = "none", timeout: float = 60.0, **kwargs) -> list:
-    """``fn(*args, **kwargs)`` on each of ``n`` ranks; the per-rank results, indexed by rank."""
+    """``fn(*args, **kwargs)`` on each of ``n`` ranks; the per-rank results, indexed by rank.
+    With a simulated ``link`` the ranks are CPU ranks (the link is gloo's), on a GPU machine too."""
     from workbook.launch import shared_pool
-    return shared_pool(n).run(fn, *args, link=link, timeout=timeout, **kwargs)
+    backend = "gloo" if link not in (None, "none") else None
+    return shared_pool(n, backend).run(fn, *args, link=link, timeout=timeout, **kwargs)
 
 
 def buffers_figure(before: list, after: list, title: str = "", labels=("before", "after")):

@@ -4,7 +4,9 @@ Shared by every way of starting ranks (``workbook.pool`` spawns them, ``torchrun
 and ``workbook.launch.init_from_env`` joins them), so a lab sees the same world either way:
 
 * backend: gloo on CPU, always through the simulated link's backend (``workbook.link``: with
-  the link set to ``none`` it adds nothing); NCCL with one GPU per rank;
+  the link set to ``none`` it adds nothing); NCCL with one GPU per rank (several per GPU on NCCL
+  2.30+); gloo with the tensors on a GPU (``gloo-cuda``). ``workbook.gpu.plan`` decides, and says
+  why; ``$WORKBOOK_BACKEND`` is the default request;
 * threads: a CPU rank gets ``cores // ranks`` torch threads so ranks do not fight for cores;
 * the flight recorder is installed, so a hang can be reported per rank.
 """
@@ -35,7 +37,7 @@ def context() -> RankContext:
 
 
 def device():
-    """The torch device of this rank: ``cuda:LOCAL_RANK`` on NCCL, else ``cpu``."""
+    """The torch device of this rank: ``cuda:N`` on NCCL or gloo-cuda, else ``cpu``."""
     import torch
     return torch.device(context().device)
 
@@ -49,26 +51,19 @@ def gpu_count() -> int:
         return 0
 
 
-def choose_backend(backend: str | None, local_world_size: int, link: str | None = "none") -> str:
-    """``None`` means NCCL if every local rank can have its own GPU, else gloo."""
+def rank_layout(backend: str | None, local_world_size: int, link: str | None = "none"):
+    """Where ``local_world_size`` ranks run on this machine (``workbook.gpu.Layout``): ``backend``
+    is a request (None: ``$WORKBOOK_BACKEND``, else what works here; see ``workbook.gpu``)."""
+    from workbook import gpu
     from workbook.link import preset_names
     if link not in (None, *preset_names()):
         raise ValueError(f"unknown link preset {link!r}: choose one of {', '.join(preset_names())}")
-    if local_world_size < 1:
-        raise ValueError(f"--nproc must be at least 1 (got {local_world_size})")
-    gpus = gpu_count()
-    if backend is None:
-        backend = "nccl" if gpus >= local_world_size and link in (None, "none") else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"unknown backend {backend!r}: use gloo (CPU) or nccl (one GPU per rank)")
-    if backend == "nccl":
-        if gpus < local_world_size:
-            raise ValueError(f"backend nccl needs one GPU per rank: {local_world_size} ranks but "
-                             f"{gpus} GPU(s) visible; use --backend gloo or fewer ranks")
-        if link not in (None, "none"):
-            raise ValueError("the simulated link runs on gloo (CPU); on GPUs the real interconnect "
-                             "is measured: drop --link or use --backend gloo")
-    return backend
+    return gpu.machine_plan(local_world_size, backend, simulated_link=link not in (None, "none"))
+
+
+def choose_backend(backend: str | None, local_world_size: int, link: str | None = "none") -> str:
+    """The backend ranks start with: ``gloo`` (CPU), ``nccl`` or ``gloo-cuda`` (``rank_layout``)."""
+    return rank_layout(backend, local_world_size, link).backend
 
 
 def threads_per_rank(local_world_size: int) -> int:
@@ -85,9 +80,13 @@ def init_rank(rank, world_size, local_rank, backend, store, generation, timeout_
     from workbook import flight, link
 
     warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed")
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        dev, pg_backend = f"cuda:{local_rank}", "nccl"
+    if backend in ("nccl", "gloo-cuda"):
+        layout = rank_layout(backend, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+        for key, value in layout.env.items():       # before NCCL reads it (ranks sharing a GPU)
+            os.environ.setdefault(key, value)
+        dev = layout.device(local_rank)
+        torch.cuda.set_device(torch.device(dev))
+        pg_backend = "nccl" if backend == "nccl" else "gloo"   # plain gloo takes CUDA tensors
     else:
         dev, pg_backend = "cpu", link.BACKEND_NAME
         link.register()
@@ -106,7 +105,7 @@ def set_link(preset: str, cache: dict) -> None:
     """All ranks agree on one calibration: rank 0 measures, the others read it from the store."""
     import torch.distributed as dist
     from workbook import link
-    if preset in (None, "none") or context().backend == "nccl":
+    if preset in (None, "none") or context().device != "cpu":      # the link is for CPU ranks
         link.set_link(None)
         return
     if preset not in cache:

@@ -17,6 +17,7 @@ of one run (60 by default); the process groups' own timeouts sit above it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -147,10 +148,16 @@ def main(lab_file: str, argv=None) -> None:
                         help="seconds one run may take before it counts as a hang (default 60)")
     parser.add_argument("--link", default="none", help="simulated link preset for the figures")
     parser.add_argument("--trace-dir", default=None, help="write the figures' traces here")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default=None,
-                        help="under torchrun: gloo (CPU) or nccl (one GPU per rank)")
+    parser.add_argument("--backend", choices=["gloo", "nccl", "gloo-cuda", "cuda"], default=None,
+                        help="gloo (CPU), nccl, gloo-cuda, or cuda (the GPUs, whatever works); "
+                             "default: $WORKBOOK_BACKEND, else what works here (workbook doctor)")
     args = parser.parse_args(argv)
+    if args.backend:
+        os.environ["WORKBOOK_BACKEND"] = args.backend          # the ranks this self-check starts
     try:
+        if args.backend:
+            from workbook.ranks import choose_backend
+            choose_backend(args.backend, 1)                    # no GPU for a GPU backend: say so now
         if under_torchrun():
             from workbook.grading.torchrun_ranks import JobRanks
             job = JobRanks(args.timeout, args.backend)

@@ -37,7 +37,7 @@ def tp_world_size() -> int:
 
 
 def rank_device() -> torch.device:
-    """``cuda:LOCAL_RANK`` on NCCL, else ``cpu`` (as the launcher set it up)."""
+    """This rank's GPU (``cuda:N``) on NCCL or gloo-cuda, else ``cpu`` (as the launcher chose)."""
     try:
         from workbook import launch
         return launch.device()

@@ -142,7 +142,10 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
             from workbook.pool import release_freed_memory
             release_freed_memory()                  # what the last judge freed, before ranks run
             started = time.monotonic()
-            pool = shared_pool(n, max_live=_live_ranks(n))
+            # A check on the simulated link runs on CPU ranks (the link is gloo's), on a GPU
+            # machine too; every other check on the ranks this machine gives (workbook.gpu).
+            backend = "gloo" if link not in (None, "none") else None
+            pool = shared_pool(n, backend, max_live=_live_ranks(n))
             if STATE.deadline is not None:          # starting ranks is not the test's own time
                 STATE.deadline += time.monotonic() - started
             value = pool.run(_in_impl, os.environ.get(ENV_IMPL), fn, *args, link=link,

@@ -6,7 +6,9 @@ how much communication compute hid.
 * ``assert_hidden(pct, at_least, ...)``: fail, in the words every overlap check uses, when less
   than ``at_least`` % of the graded communication was hidden behind compute;
 * ``ranks_hidden_pct(res, phase)``: the share of the job's communication in a phase (all ranks
-  together) hidden behind compute, rank skew excused.
+  together) hidden behind compute, rank skew excused;
+* ``overlap_figures(trace, within)``: one rank's figures in the form ``ranks_hidden_pct`` reads,
+  from any trace: the simulated link's spans on CPU ranks, NCCL and compute kernels on a GPU.
 """
 from __future__ import annotations
 
@@ -47,3 +49,16 @@ def ranks_hidden_pct(res: list[dict], phase: str) -> float:
     from workbook.grading.timing import hidden_pct
     comm = sum(r[phase]["comm_ms"] for r in res)
     return hidden_pct(comm, sum(r[phase]["exposed_ms"] for r in res)) if comm else 0.0
+
+
+def overlap_figures(trace, within: str | None = None) -> dict:
+    """``{"pct", "comm_ms", "exposed_ms", "skew_ms", "count"}`` of the communication one rank
+    issued (in phase ``within``, or all of it): the share hidden behind compute, rank skew
+    excused (``Metrics.overlap_pct_ex_skew``; a GPU trace has no skew), the communication time,
+    the exposed time less skew, the skew and the number of collectives. On a GPU trace the
+    communication is the NCCL kernels and the compute the other kernels, on other streams."""
+    from workbook.trace import overlap
+    o = overlap(trace, within=within)
+    return {"pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,
+            "exposed_ms": (o.exposed_comm_us - o.skew_us) / 1e3, "skew_ms": o.skew_us / 1e3,
+            "count": sum(c["count"] for c in o.collectives.values())}

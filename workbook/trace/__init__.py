@@ -21,14 +21,14 @@ Modules, one concept each: :mod:`.load` (reading, streaming),
 """
 
 from .analyse import (Metrics, RankMetrics, StepMetrics, analyse, collectives, exposed_comm_us,
-                      overlap, overlap_pct, step_metrics, summary)
+                      kernel_streams, overlap, overlap_pct, step_metrics, summary)
 from .classify import canonical_collective, classify
 from .load import Run, Trace, TraceError, load_run, load_trace
 
 __all__ = [
     "Metrics", "RankMetrics", "Run", "StepMetrics", "Trace", "TraceError", "analyse",
     "canonical_collective", "classify", "collectives", "exposed_comm_us", "explorer", "load_run",
-    "load_trace", "merge", "overlap", "overlap_pct", "step_metrics", "summary",
+    "kernel_streams", "load_trace", "merge", "overlap", "overlap_pct", "step_metrics", "summary",
     "timeline_figure", "write_report",
 ]
 

@@ -383,6 +383,31 @@ def exposed_comm_us(trace, rank: int | None = None, within: str | None = None, s
     return overlap(trace, rank, within, step).exposed_comm_us
 
 
+def kernel_streams(trace, rank: int | None = None) -> list[dict]:
+    """The CUDA streams of one rank (GPU traces): per stream, how many kernels of each kind ran
+    on it and how long it was busy with them (µs, the union of the kernels' spans).
+
+    This is where overlap on a GPU comes from: NCCL runs its kernels on a stream of its own, so a
+    collective can be hidden only by compute kernels on *other* streams, running at the same
+    time.  ``[{"device", "stream", "name", "comm_kernels", "comm_us", "compute_kernels",
+    "compute_us", "memcpy_kernels", "memcpy_us"}]`` in stream order; ``[]`` for a CPU trace."""
+    t = _pick(trace, rank)
+    kinds = classify(t)
+    device_cats = [i for i, c in enumerate(t.cats) if c in ("kernel", "gpu_memcpy", "gpu_memset")]
+    on_device = np.isin(t.cat_id, device_cats)
+    out = []
+    for tr in np.unique(t.track_id[on_device]).tolist():
+        track = t.tracks[tr]
+        row = {"device": track.pid, "stream": track.tid, "name": track.name}
+        for kind, label in ((COMM, "comm"), (COMPUTE, "compute"), (MEMCPY, "memcpy")):
+            mask = on_device & (t.track_id == tr) & (kinds == kind)
+            row[f"{label}_kernels"] = int(mask.sum())
+            row[f"{label}_us"] = iv.measure(iv.union(t.ts[mask], t.end[mask]))
+        out.append(row)
+    return sorted(out, key=lambda r: [(isinstance(x, str), x if isinstance(x, int) else str(x))
+                                      for x in (r["device"], r["stream"])])
+
+
 def summary(traces, step=None) -> dict:
     """The ``{"ranks": [...]}`` record printed by ``workbook trace summary --json``."""
     run = as_run(traces)

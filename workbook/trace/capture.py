@@ -6,9 +6,10 @@ Inside a rank (a lab's self-check, a benchmark, a notebook cell run through the 
         step()
 
 writes ``run_dir/rank{r}.trace.json`` on every rank and ``run_dir/run.json`` (lab, world size,
-backend, link, hardware) from rank 0. The profiler records CPU activity (and CUDA kernels where a
-GPU is in use). On a simulated link it sees only gloo's real, tiny transfers, so the capture adds
-what the link modelled as a track of its own: a thread named ``link`` with one span per
+backend, link, hardware) from rank 0. The profiler records CPU activity, and on a rank whose
+tensors live on a GPU the CUDA kernels too (NCCL's on their own stream, beside the compute).
+On a simulated link it sees only gloo's real, tiny transfers, so the capture adds what the link
+modelled as a track of its own: a thread named ``link`` with one span per
 operation (name, bytes, modelled time), placed where the link carried it. Time spent *waiting*
 for the link shows on the compute thread as ``link_wait:<op>`` ranges (``workbook.link``), and
 where an op's real transfer finished after its modelled end (a peer issued it late), a thread
@@ -60,9 +61,20 @@ def _agree(key: str, make) -> str:
     return store.get(key).decode()
 
 
+def rank_device() -> torch.device:
+    """Where this rank's tensors live: the launcher's choice inside a rank (a CPU rank on a GPU
+    machine is a CPU rank), else the GPU when there is one."""
+    try:
+        from workbook.ranks import device
+        return device()
+    except RuntimeError:                  # not started by the launcher (a plain script)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def hardware() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.cuda.current_device())
+    dev = rank_device()
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
     return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
@@ -151,7 +163,8 @@ def rank_trace(run_dir, *, lab: str = "", run_id: str | None = None):
     run_id = run_id or _agree("workbook/run_id", lambda: uuid.uuid4().hex[:12])
     run_dir.mkdir(parents=True, exist_ok=True)
     activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+    on_gpu = torch.cuda.is_available() and rank_device().type == "cuda"
+    if on_gpu:                            # kernels, NCCL's included, on their CUDA streams
         activities.append(ProfilerActivity.CUDA)
     _warm_up_profiler(activities)
     started_ns = time.perf_counter_ns()
@@ -161,7 +174,7 @@ def rank_trace(run_dir, *, lab: str = "", run_id: str | None = None):
         with record_function(SYNC_MARKER):
             sync_ns = time.perf_counter_ns()
         yield prof
-        if torch.cuda.is_available() and ProfilerActivity.CUDA in activities:
+        if on_gpu:                        # every kernel launched inside the block has ended
             torch.cuda.synchronize()
     # wait out the link so every op issued inside the block has its final place on the track
     records = link.op_log()

@@ -93,6 +93,9 @@ class TraceError(Exception):
 _DROP_CATS = frozenset({"python_function", "Trace", "fwdbwd", "ac2g", "overhead",
                         "cpu_instant_event", "ProfilerStep"})
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
+# Older profilers (PyTorch 1.8-1.9) spelled the categories differently.
+_CAT_ALIASES = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
+                "Runtime": "cuda_runtime", "Operator": "cpu_op"}
 _DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
 
 #: Bytes per element of the ``dtype`` names found in NCCL kernel args.
@@ -372,6 +375,7 @@ def load_trace(path: str | os.PathLike, run: dict | None = None) -> Trace:
                 thread_names[(e.get("pid"), e.get("tid"))] = str(a.get("name", ""))
             return
         cat = e.get("cat") or ""
+        cat = _CAT_ALIASES.get(cat, cat)
         if cat in _DROP_CATS:
             return
         try:
