@@ -38,6 +38,18 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 # --------------------------------------------------------------------------- sizes
+class UsageError(SystemExit):
+    """A benchmark's bad options: exit status 2, the message one line that starts with the
+    command (``workbook bench pp_overlap: --nproc must be 2 to 4``)."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def parse_size(text: str) -> int:
     """``"4096"``, ``"1K"``, ``"64M"``, ``"1G"`` (binary units) -> bytes."""
     m = re.fullmatch(r"\s*(\d+)\s*([KMGB]?)(?:I?B)?\s*", text.upper())
@@ -80,7 +92,7 @@ def _bench_rank(collective: str, size_bytes: int, impl: str, iters: int, warmup:
     import torch
     import torch.distributed as dist
     from workbook import launch, link
-    rank, n = dist.get_rank(), dist.get_world_size()
+    n = dist.get_world_size()
     dev = launch.device()
     count = max(1, size_bytes // 4)
     if collective in ("all_gather", "reduce_scatter"):

@@ -59,6 +59,8 @@ from pathlib import Path
 
 import torch
 
+from workbook.bench import UsageError     # bad options: exit status 2, one line
+
 LINKS = ("dgx-h100", "dgx-h100-ib")
 SPLITS = ("contiguous", "zigzag")
 PASSES = ("forward", "backward")
@@ -74,17 +76,6 @@ FIELDS = ("step_ms", "no_comm_ms", "link_ms", "exposed_ms", "skew_ms", "hidden_p
 PREFIX = "workbook bench cp_ring: "
 TARGET = ("ring attention hides at least 80% of the K/V exchange when the block's attention "
           "compute exceeds it")
-
-
-class UsageError(SystemExit):
-    """Bad options: exit status 2, the message one line starting with ``PREFIX``."""
-
-    def __init__(self, message: str):
-        super().__init__(2)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def add_arguments(parser) -> None:

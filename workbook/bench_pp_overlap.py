@@ -85,6 +85,8 @@ from pathlib import Path
 
 import torch
 
+from workbook.bench import UsageError     # bad options: exit status 2, one line
+
 VARIANTS = ("gpipe", "1f1b", "1f1b_overlap", "no_comm")
 SCHEDULE_OF = {"gpipe": ("gpipe", "blocking"), "1f1b": ("1f1b", "blocking"),
                "1f1b_overlap": ("1f1b", "overlapped"), "no_comm": ("1f1b", "overlapped")}
@@ -98,17 +100,6 @@ DEFAULTS = dict(hidden=512, layers=4, seq=256, rows=1, micro_batches=8, heads=8,
 TARGET_BUBBLE_REL = 0.10          # within 10% of the textbook bubble
 TARGET_HIDDEN_PCT = 80.0          # of the steady state's p2p link time
 PREFIX = "workbook bench pp_overlap: "
-
-
-class UsageError(SystemExit):
-    """Bad options: exit status 2, the message one line starting with ``PREFIX``."""
-
-    def __init__(self, message: str):
-        super().__init__(2)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def add_arguments(parser) -> None:
