@@ -42,6 +42,31 @@ def assert_hidden(pct: float, at_least: float, *, rank: int, where: str, what: s
             f"read from the trace; at least {at_least:.0f}% is expected. {advice}")
 
 
+def assert_phase_hidden(res: list[dict], phase: str, at_least: float, *, where: str, what: str,
+                        advice: str) -> None:
+    """Fail unless the job hid ``at_least`` % of the link time of ``phase`` (``ranks_hidden_pct``
+    over every rank's ``res[r][phase]``), or when some rank saw no communication in it. The
+    message names the worst rank, every rank's figure, and the worst rank's link, exposed and
+    excused (late peer) milliseconds, and its ops when the figures list them (``count``,
+    ``ops``). ``where`` may hold ``{link}``: the link's label from the results."""
+    for r in res:
+        if not r[phase]["comm_ms"]:
+            raise AssertionError(f"rank {r['rank']}: {where.format(link=r.get('link'))}: no "
+                                 f"communication of the {phase} pass was found on the link track "
+                                 f"of the trace")
+    worst = min(res, key=lambda r: r[phase]["pct"] or 0.0)
+    o = worst[phase]
+    ops = f"{o['count']} ops ({', '.join(o['ops'])}), " if "ops" in o else ""
+    assert_hidden(
+        ranks_hidden_pct(res, phase), at_least, rank=worst["rank"],
+        where=where.format(link=worst.get("link")), what=what,
+        details=", ".join(f"rank {r['rank']} {r[phase]['pct']:.0f}%" for r in res)
+        + f"; {ops}{o['comm_ms']:.0f} ms on the link on rank {worst['rank']}, "
+          f"{o['exposed_ms']:.0f} ms exposed, not counting {o['skew_ms']:.0f} ms while the other "
+          f"rank was late",
+        advice=advice)
+
+
 def ranks_hidden_pct(res: list[dict], phase: str) -> float:
     """The share of the job's link time issued in ``phase`` (every rank's ``res[r][phase]``
     figures, ``comm_ms`` and ``exposed_ms`` with skew already excused, added up) hidden behind
