@@ -41,9 +41,8 @@ import torch
 from workbook.context_parallel import CAUSAL, FULL, SKIP, BlockCallTimer, Layout, Partial, \
     contiguous_layout, finish
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.timing import STRUCTURAL, measure_until_clear
 from workbook.grading.tp_checks import raise_if_failed, randn, rank_error, ranks_label, to_cpu
-from workbook.grading.trace_checks import assert_phase_hidden, ranks_hidden_pct, \
+from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
     trace_root_fixture
 
 LAB = "cp_ring"                # the lab graded (load_lab, traces, seeds)
@@ -714,16 +713,11 @@ def _limit(phase: str) -> float:
 
 
 def _overlap_results(tmp_root) -> list[dict]:
-    def shortfall(res) -> float:
-        if any("error" in r or "not_implemented" in r or _structure(r) for r in res):
-            return STRUCTURAL
-        return max(_limit(ph) - ranks_hidden_pct(res, ph) for ph in ("forward", "backward"))
-
     n, = world_sizes(2)
-    return measure_until_clear(
+    return measure_hidden(
         lambda k: on_ranks(n, _overlap, str(tmp_root / f"overlap{k}"), link=LINK,
                            timeout=TIMEOUT_S, key=("overlap", str(tmp_root), k)),
-        shortfall)
+        {ph: _limit(ph) for ph in ("forward", "backward")}, _structure)
 
 
 def _check_overlap(phase: str, tmp_root) -> None:

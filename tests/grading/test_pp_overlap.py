@@ -29,9 +29,8 @@ import torch
 
 from workbook.domino_measure import recalibrate
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.timing import STRUCTURAL, measure_until_clear
 from workbook.grading.tp_checks import rank_error, raise_if_failed, to_cpu
-from workbook.grading.trace_checks import assert_phase_hidden, ranks_hidden_pct, \
+from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
     trace_root_fixture
 
 LAB = "pp_overlap"
@@ -341,16 +340,11 @@ def _structure(r: dict) -> str | None:
 
 
 def _overlap_results(tmp_root) -> list[dict]:
-    def shortfall(res) -> float:
-        if any("error" in r or "not_implemented" in r or _structure(r) for r in res):
-            return STRUCTURAL
-        return THRESHOLD - ranks_hidden_pct(res, "steady")
-
     n, = world_sizes(2)
-    return measure_until_clear(
+    return measure_hidden(
         lambda k: on_ranks(n, _overlap, str(tmp_root / f"overlap{k}"), "1f1b_overlap", link=LINK,
                            timeout=TIMEOUT_S, key=("overlap", str(tmp_root), k)),
-        shortfall)
+        {"steady": THRESHOLD}, _structure)
 
 
 @pytest.mark.points(7)

@@ -28,10 +28,9 @@ import torch
 
 from workbook.domino_measure import recalibrate
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.timing import STRUCTURAL, measure_until_clear
 from workbook.grading.tp_checks import B, STEP, check_part, cut, grads, ints, raise_if_failed, \
     randn, rank_error, ranks_label, run_every_part, run_traced_block, to_cpu
-from workbook.grading.trace_checks import assert_phase_hidden, ranks_hidden_pct, \
+from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
     trace_root_fixture
 
 LAB = "tp_overlap"
@@ -402,16 +401,11 @@ def _limit(phase: str) -> float:
 
 
 def _overlap_results(tmp_root) -> list[dict]:
-    def shortfall(res) -> float:
-        if any("error" in r or "not_implemented" in r or _structure(r) for r in res):
-            return STRUCTURAL
-        return max(_limit(ph) - ranks_hidden_pct(res, ph) for ph in ("forward", "backward"))
-
     n, = world_sizes(2)
-    return measure_until_clear(
+    return measure_hidden(
         lambda k: on_ranks(n, _overlap, str(tmp_root / f"attempt{k}"), link=LINK,
                            timeout=TIMEOUT_S, key=("overlap", str(tmp_root), k)),
-        shortfall)
+        {ph: _limit(ph) for ph in ("forward", "backward")}, _structure)
 
 
 def _check_overlap(phase: str, tmp_root) -> None:

@@ -42,6 +42,20 @@ def assert_hidden(pct: float, at_least: float, *, rank: int, where: str, what: s
             f"read from the trace; at least {at_least:.0f}% is expected. {advice}")
 
 
+def measure_hidden(run_once, limits: dict, structure) -> list[dict]:
+    """The shared timing policy (``workbook.grading.timing``) over one overlap run of the ranks,
+    ``run_once(k)`` -> every rank's results: measured again after a near miss, never after a
+    structural mistake (a rank failed, or ``structure(r)`` names one), else judged by the largest
+    shortfall of ``ranks_hidden_pct`` under ``limits`` (``{phase: at least %}``)."""
+    from workbook.grading import timing             # looked up per call: the stability script wraps it
+
+    def shortfall(res) -> float:
+        if any("error" in r or "not_implemented" in r or structure(r) for r in res):
+            return timing.STRUCTURAL
+        return max(limit - ranks_hidden_pct(res, ph) for ph, limit in limits.items())
+    return timing.measure_until_clear(run_once, shortfall)
+
+
 def assert_phase_hidden(res: list[dict], phase: str, at_least: float, *, where: str, what: str,
                         advice: str) -> None:
     """Fail unless the job hid ``at_least`` % of the link time of ``phase`` (``ranks_hidden_pct``
