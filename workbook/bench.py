@@ -28,6 +28,8 @@ import re
 import sys
 import time
 
+from workbook.gpu import add_backend_argument
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 LAB_BUILDS = {"all_reduce": ("ring_allreduce", "ring_all_reduce"),
               "all_gather": ("collectives", "all_gather"),
@@ -277,9 +279,7 @@ def register(subparsers) -> None:
     p.add_argument("--impl", default="builtin",
                    help="builtin (default), labs, solutions, or a folder of lab files")
     p.add_argument("--link", default="none", help="simulated link preset, or none (default)")
-    p.add_argument("--backend", choices=["gloo", "nccl", "gloo-cuda", "cuda"], default=None,
-                   help="default: $WORKBOOK_BACKEND, else NCCL with one GPU per rank where the "
-                        "GPUs suffice, else gloo on CPU (workbook doctor says which)")
+    add_backend_argument(p)
     p.add_argument("--sizes", default="1K..64M",
                    help="bytes: a range LO..HI (steps of --factor) and/or a list, e.g. 1M,64M")
     p.add_argument("--factor", type=int, default=4, help="step of a size range (default 4)")

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from workbook import tp_stack
+from workbook.gpu import add_backend_argument
 from workbook.tp import row_parallel_name
 
 VARIANTS = ("vanilla_tp", "sp", "domino_intra", "domino", "no_comm")
@@ -78,9 +79,7 @@ def add_arguments(parser) -> None:
     parser.set_defaults(link=None)
     parser._option_string_actions["--link"].help = (
         "simulated link preset (default: dgx-h100 on CPU ranks, none on GPUs)")
-    parser.add_argument("--backend", choices=["gloo", "nccl", "gloo-cuda", "cuda"], default=None,
-                        help="where the ranks run (default: $WORKBOOK_BACKEND, else a GPU per rank "
-                             "where there are enough, else CPU ranks: workbook doctor says which)")
+    add_backend_argument(parser)
     parser.add_argument("--lookahead", type=int, default=1, help="Domino's prepare-ahead (default 1)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
 

@@ -78,6 +78,13 @@ class Layout:
         return f"gloo-cuda (gloo, tensors on the GPU), {share}"
 
 
+def add_backend_argument(parser) -> None:
+    """The ``--backend`` option every command that starts ranks takes (one wording, one list)."""
+    parser.add_argument("--backend", choices=list(REQUESTS), default=None,
+                        help="gloo (CPU), nccl, gloo-cuda, or cuda (the GPUs, whatever works); "
+                             f"default: ${ENV_BACKEND}, else what works here (workbook doctor)")
+
+
 def version_text(version) -> str:
     return ".".join(map(str, version)) if version else "none"
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 
-from workbook.gpu import REQUESTS
+from workbook.gpu import add_backend_argument
 from workbook.pool import (DEFAULT_TIMEOUT, RankFailed, RankPool, RanksTimedOut,  # noqa: F401
                            RemoteTraceback, close_shared_pools, shared_pool)
 from workbook.ranks import (RankContext, choose_backend, context, device,  # noqa: F401
@@ -74,9 +74,7 @@ def main(fn, *, default_nproc: int = 4, describe=None) -> list | None:
     import argparse
     parser = argparse.ArgumentParser(description=(fn.__doc__ or "").strip().split("\n")[0])
     parser.add_argument("--nproc", type=int, default=default_nproc, help="ranks (ignored under torchrun)")
-    parser.add_argument("--backend", choices=list(REQUESTS), default=None,
-                        help="gloo (CPU), nccl, gloo-cuda, or cuda (the GPUs, whatever works); "
-                             "default: $WORKBOOK_BACKEND, else what works here (workbook doctor)")
+    add_backend_argument(parser)
     parser.add_argument("--link", default=os.environ.get("WORKBOOK_LINK", "none"))
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
     opts = parser.parse_args()

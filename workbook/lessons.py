@@ -26,8 +26,9 @@ def on_ranks(fn, n: int, *args, link: str = "none", timeout: float = 60.0, **kwa
     """``fn(*args, **kwargs)`` on each of ``n`` ranks; the per-rank results, indexed by rank.
     With a simulated ``link`` the ranks are CPU ranks (the link is gloo's), on a GPU machine too."""
     from workbook.launch import shared_pool
-    backend = "gloo" if link not in (None, "none") else None
-    return shared_pool(n, backend).run(fn, *args, link=link, timeout=timeout, **kwargs)
+    from workbook.ranks import backend_for_link
+    return shared_pool(n, backend_for_link(link)).run(fn, *args, link=link, timeout=timeout,
+                                                      **kwargs)
 
 
 def buffers_figure(before: list, after: list, title: str = "", labels=("before", "after")):

@@ -61,6 +61,12 @@ def rank_layout(backend: str | None, local_world_size: int, link: str | None = "
     return gpu.machine_plan(local_world_size, backend, simulated_link=link not in (None, "none"))
 
 
+def backend_for_link(link: str | None) -> str | None:
+    """The backend a run on ``link`` needs: ``gloo`` with a simulated link (its ranks are CPU
+    ranks, the link being gloo's, on a GPU machine too), else None (what this machine gives)."""
+    return "gloo" if link not in (None, "none") else None
+
+
 def choose_backend(backend: str | None, local_world_size: int, link: str | None = "none") -> str:
     """The backend ranks start with: ``gloo`` (CPU), ``nccl`` or ``gloo-cuda`` (``rank_layout``)."""
     return rank_layout(backend, local_world_size, link).backend

@@ -22,6 +22,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from workbook.gpu import add_backend_argument
 from workbook.grading.engine import (HANG, NOT_IMPLEMENTED, PASSED, SKIPPED, Verdict, exit_code,
                                      run_checks)
 
@@ -148,9 +149,7 @@ def main(lab_file: str, argv=None) -> None:
                         help="seconds one run may take before it counts as a hang (default 60)")
     parser.add_argument("--link", default="none", help="simulated link preset for the figures")
     parser.add_argument("--trace-dir", default=None, help="write the figures' traces here")
-    parser.add_argument("--backend", choices=["gloo", "nccl", "gloo-cuda", "cuda"], default=None,
-                        help="gloo (CPU), nccl, gloo-cuda, or cuda (the GPUs, whatever works); "
-                             "default: $WORKBOOK_BACKEND, else what works here (workbook doctor)")
+    add_backend_argument(parser)
     args = parser.parse_args(argv)
     if args.backend:
         os.environ["WORKBOOK_BACKEND"] = args.backend          # the ranks this self-check starts

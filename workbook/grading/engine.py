@@ -139,13 +139,11 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
             value = STATE.job.run(n, fn, args, kwargs, link=link, timeout=_within_deadline(timeout))
         else:
             from workbook.launch import shared_pool
+            from workbook.ranks import backend_for_link
             from workbook.pool import release_freed_memory
             release_freed_memory()                  # what the last judge freed, before ranks run
             started = time.monotonic()
-            # A check on the simulated link runs on CPU ranks (the link is gloo's), on a GPU
-            # machine too; every other check on the ranks this machine gives (workbook.gpu).
-            backend = "gloo" if link not in (None, "none") else None
-            pool = shared_pool(n, backend, max_live=_live_ranks(n))
+            pool = shared_pool(n, backend_for_link(link), max_live=_live_ranks(n))
             if STATE.deadline is not None:          # starting ranks is not the test's own time
                 STATE.deadline += time.monotonic() - started
             value = pool.run(_in_impl, os.environ.get(ENV_IMPL), fn, *args, link=link,
