@@ -372,6 +372,64 @@ for i, m in enumerate(measured[0]):
 #   *predicted* $r$ (the table) it inherits the compute error: where the matmuls ran faster than
 #   predicted, less of the all-reduce hid than predicted, and the other way round.
 #
+# ## Nodes: why tensor parallelism stays inside one
+#
+# Every figure so far used one bandwidth for every pair of ranks. A cluster has two fabrics.
+# Inside a DGX-H100 node the eight GPUs share NVLink through NVSwitch, 900 GB/s of bus
+# bandwidth per GPU; between nodes each GPU has its own 400 Gb/s InfiniBand card, 50 GB/s:
+# **18 times less**. The simulated link knows this when ranks are started as nodes
+# (`launch.run(fn, 4, nnodes=2)`, `workbook run LAB --nnodes 2 --nproc-per-node 2`, or real
+# `torchrun --nnodes 2`): each collective is costed by the ranks it involves
+# (`workbook/topology.py`). With $k$ nodes and $m$ ranks of the group on each:
+#
+# * all on one node ($k = 1$): $\alpha_\text{in} + S \cdot \text{bus}(n) / B_\text{in}$, NVLink;
+# * one rank per node ($m = 1$): $\alpha_\text{net} + S \cdot \text{bus}(n) / B_\text{net}$, one card;
+# * both: the hierarchical all-reduce, a reduce-scatter inside each node, an all-reduce of
+#   each rank's $S/m$ piece across nodes (the $m$ cards of a node work at once), an all-gather
+#   inside: $2\,(\alpha_\text{in} + \tfrac{m-1}{m} S / B_\text{in}) + \alpha_\text{net} +
+#   \tfrac{2(k-1)}{k} \tfrac{S}{m} / B_\text{net}$.
+#
+# Below, your 4 ranks form 2 nodes of 2 and run one training step's communication for a
+# 2 x 2 job, tensor parallelism times data parallelism, placed two ways. Per step, TP
+# all-reduces the activations, $[\text{tokens}, h]$, after each attention and MLP block,
+# forward and backward ($4L$ all-reduces); DP all-reduces the gradients once
+# ($12h^2/\text{TP}$ parameters per layer). TP's bytes grow with the tokens of a step, DP's only
+# with the model.
+
+# %%
+from workbook import node_placement
+
+TOKENS, HIDDEN, LAYERS = 1024, 128, 2
+sizes = node_placement.step_bytes(TOKENS, HIDDEN, LAYERS)
+print(f"per step and rank: TP {sizes['tp_count']} all-reduces of {sizes['tp'] / 2**10:.0f} KiB "
+      f"= {sizes['tp_count'] * sizes['tp'] / 2**20:.1f} MiB; DP one of "
+      f"{sizes['dp'] / 2**10:.0f} KiB")
+placed = on_ranks(node_placement.measure_layouts, 4, TOKENS, HIDDEN, LAYERS, repeats=1,
+                  link=PRESET, nnodes=2)
+print(placed[0]["label"])
+print(node_placement.table(placed))
+
+# %%
+fig = go.Figure()
+for kind, color in (("tp", colors.COMMUNICATION), ("dp", colors.LINK)):
+    fig.add_bar(name=f"{kind.upper()} all-reduces (measured)", marker_color=color,
+                x=list(node_placement.LAYOUTS),
+                y=[max(r[name][f"{kind}_ms"] for r in placed) for name in node_placement.LAYOUTS])
+fig.update_layout(barmode="stack", yaxis_title="ms per step (slowest rank, simulated)",
+                  title="One step's communication on 2 nodes of 2: TP inside vs across nodes",
+                  height=360)
+fig
+
+# %% [markdown]
+# Measured and modelled agree (the link charges the model; the gap is real gloo time). The
+# layout decides the cost: TP's many activation all-reduces on NVLink and DP's one gradient
+# all-reduce on the network (`tp_inside`, Megatron-LM's order, TP innermost) is several times
+# cheaper than the other way round. And only DP's all-reduce can hide (behind the backward
+# pass, lesson 9); every TP all-reduce is waited on before the next layer can start, unless a
+# schedule like Domino's (lesson 6) splits the batch. That is why the Domino paper's
+# multi-node runs, with TP spanning two nodes, leave more exposed than its single-node ones:
+# `workbook bench domino --nproc 4 --nnodes 2` measures it on your ranks.
+#
 # ## Exercise: the `overlap_math` lab
 #
 # Open `labs/overlap_math.py` and write, in order: `linear_flops`, `layer_params`,

@@ -34,7 +34,13 @@ asks for it: step times are real (the GPU synchronized around each step), ``comm
 time NCCL kernels ran, the overlaps are NCCL kernels under compute kernels on other streams, and
 the table names the GPU model.
 
+With ``--nnodes N`` the ranks form N simulated nodes (``launch.run(..., nnodes=N)``): tensor
+parallelism then spans nodes, its all-reduces costed on NVLink inside each node and one network
+card per rank between them (``workbook.topology``), the Domino paper's multi-node setting
+(TP across two DGX-H100s, section 5).
+
     workbook bench domino --link dgx-h100 --json domino.json
+    workbook bench domino --nproc 4 --nnodes 2                # TP = 4 over 2 nodes of 2
     workbook bench domino --backend nccl --nproc 2          # real GPUs, real figures
 """
 from __future__ import annotations
@@ -81,6 +87,9 @@ def add_arguments(parser) -> None:
         "simulated link preset (default: dgx-h100 on CPU ranks, none on GPUs)")
     add_backend_argument(parser)
     parser.add_argument("--lookahead", type=int, default=1, help="Domino's prepare-ahead (default 1)")
+    parser.add_argument("--nnodes", type=int, default=1,
+                        help="simulated nodes the ranks are split into, NVLink inside and the "
+                             "preset's network between (default 1)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
 
 
@@ -265,7 +274,9 @@ def report(result: dict) -> str:
              f"figures, no simulated link")
     comm = ("modelled link time" if simulated else "NCCL kernel time" if result.get("backend") ==
             "nccl" else "gloo's collective time" if on_gpu else "link time")
-    lines = [f"Domino benchmark: {result['nproc']} ranks, {where}",
+    nnodes = result.get("nnodes", 1)
+    nodes = (f" on {nnodes} simulated nodes of {result['nproc'] // nnodes}" if nnodes > 1 else "")
+    lines = [f"Domino benchmark: {result['nproc']} ranks{nodes}, {where}",
              f"model: {o['style']}, hidden {o['hidden']}, ffn {o['ffn']}, heads {o['heads']}, "
              f"{o['layers']} layers, batch {o['batch']} x seq {o['seq']}, vocab {o['vocab']}, fp32; "
              f"Domino p={o['p']} chunks, lookahead {o['lookahead']}; {o['steps']} measured steps",
@@ -311,6 +322,12 @@ def report(result: dict) -> str:
         lines.append(f"vanilla TP waits: {r['comm_ms']:.0f} ms modelled link time per step; the "
                      f"real gloo ops took {r['gloo_arrival_ms']:.0f} ms from issue to arrival, "
                      f"{r['beyond_modelled_ms']:.0f} ms of it beyond the modelled end (skew, CPU)")
+    if nnodes > 1:
+        lines.append(f"tensor parallelism spans {nnodes} nodes: its all-reduces cross the "
+                     f"network (one card per rank; hierarchical where a node holds several ranks)"
+                     if result.get("topology") else
+                     f"{result['link']} is a flat link: every pair of ranks at one rate, so the "
+                     f"{nnodes} nodes change nothing (dgx-h100 has a network between nodes)")
     if simulated:
         lines.append("simulated figures: a CPU in slow motion, calibrated to the preset's "
                      "compute/link ratio")
@@ -341,6 +358,9 @@ def run_bench(args) -> dict:
         (not 0 <= args.lookahead < args.p, f"--lookahead {args.lookahead} must be below --p {args.p}"),
         (args.hidden % args.heads, f"--heads {args.heads} must divide --hidden {args.hidden}"),
         (args.heads % args.nproc, f"--nproc {args.nproc} must divide --heads {args.heads}"),
+        (getattr(args, "nnodes", 1) < 1 or args.nproc % getattr(args, "nnodes", 1),
+         f"--nnodes {getattr(args, 'nnodes', 1)} must divide --nproc {args.nproc} (nodes of "
+         f"equal size)"),
         (args.ffn % args.nproc, f"--nproc {args.nproc} must divide --ffn {args.ffn}"),
         ("sp" in opts["variants"] and args.seq % args.nproc,
          f"--nproc {args.nproc} must divide --seq {args.seq} (the sp variant shards the sequence)"),
@@ -349,11 +369,13 @@ def run_bench(args) -> dict:
         raise SystemExit("workbook bench domino: " + "; ".join(problems))
     layout, link = resolve(getattr(args, "backend", None), args.link, args.nproc)
     root = args.trace_dir or tempfile.mkdtemp(prefix="domino-bench-")
+    nnodes = getattr(args, "nnodes", 1)
     results = launch.run(_rank_bench, args.nproc, opts, root, backend=layout.backend, link=link,
-                         timeout=1800)
+                         timeout=1800, nnodes=nnodes)
     variants = _combine(results)
     link_info = results[0]["link"] or {}
-    result = {"link": link, "nproc": args.nproc, "options": opts, "backend": layout.backend,
+    result = {"link": link, "nproc": args.nproc, "nnodes": nnodes, "options": opts,
+              "topology": bool(link_info.get("ranks_per_node")), "backend": layout.backend,
               "hardware": results[0]["hardware"], "ranks_per_gpu": layout.ranks_per_gpu,
               "link_label": f"calibrated to {link_info.get('local_gflops', 0):.0f} GFLOP/s local"
               if link_info else "none", "variants": variants, "comm_fraction_pct": None}
@@ -364,7 +386,7 @@ def run_bench(args) -> dict:
     if args.json:
         keys = ("step_ms", "comm_ms", "exposed_comm_ms", "overlap_fwd_pct", "overlap_bwd_pct")
         Path(args.json).write_text(json.dumps({
-            "link": link, "nproc": args.nproc, "backend": layout.backend,
+            "link": link, "nproc": args.nproc, "nnodes": nnodes, "backend": layout.backend,
             "hardware": result["hardware"], "simulated": link != "none",
             "comm_fraction_pct": result["comm_fraction_pct"],
             "variants": {k: {f: r[f] for f in keys} for k, r in variants.items()}}, indent=2))

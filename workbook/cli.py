@@ -47,6 +47,8 @@ def cmd_doctor(args) -> int:
         lk = link.make_link(name, flops)
         print(f"  {name:<12} {lk.bandwidth_Bps / 1e6:9.1f} MB/s  {lk.latency_s * 1e3:7.2f} ms   "
               f"{link.PRESETS[name].description}")
+    for line in topology_lines(flops, os.environ):
+        print(line)
     cores = os.cpu_count() or 1
     if gpus:
         print(f"ranks       up to {gpus} NCCL ranks here (one per GPU); more: see the lines for "
@@ -59,6 +61,29 @@ def cmd_doctor(args) -> int:
     print("            jupyter lab lessons/        the lessons, one per lab")
     print("            workbook grade --lab LAB    points, the way the course grades")
     return 0
+
+
+def topology_lines(flops: float, env) -> list[str]:
+    """``workbook doctor``'s nodes: each preset's node and network (hardware, then as a CPU rank
+    sees them), and the nodes this process is part of when torchrun started it."""
+    from workbook import link
+    lines = ["nodes       with --nnodes N (or torchrun --nnodes N) a preset's ranks form nodes: "
+             "NVLink inside, one network card per rank between (simulated on CPU)"]
+    for name, p in link.PRESETS.items():
+        if p.nic_GBps is None:
+            lines.append(f"  {name:<12} flat: every pair of ranks at {p.bandwidth_GBps:g} GB/s, "
+                         f"nodes change nothing")
+            continue
+        lk = link.make_link(name, flops, ranks_per_node=2)
+        lines.append(f"  {name:<12} {p.gpus_per_node} GPUs/node at {p.bandwidth_GBps:g} GB/s; "
+                     f"network {p.network_GBps:g} GB/s/node = {p.nic_GBps:g} GB/s/GPU, "
+                     f"{p.network_latency_us:g} us -> {lk.network_Bps / 1e6:.1f} MB/s, "
+                     f"{lk.network_latency_s * 1e3:.2f} ms per rank here")
+    if "GROUP_RANK" in env and "LOCAL_WORLD_SIZE" in env and "WORLD_SIZE" in env:
+        per_node, world = int(env["LOCAL_WORLD_SIZE"]), int(env["WORLD_SIZE"])
+        lines.append(f"this job  node {env['GROUP_RANK']} of {world // max(per_node, 1)}, "
+                     f"{per_node} ranks per node, {world} ranks in all (torchrun)")
+    return lines
 
 
 def cmd_run(args) -> int:

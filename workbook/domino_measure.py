@@ -36,7 +36,8 @@ def recalibrate(preset: str | None = None, tries: int = 3) -> float | None:
     rate = torch.tensor([max(link.measure_local_flops(seconds=0.1) for _ in range(tries))],
                         dtype=torch.float64)
     dist.all_reduce(rate, op=dist.ReduceOp.MAX)
-    link.set_link(link.make_link(preset, float(rate)))
+    from workbook.ranks import link_nodes
+    link.set_link(link.make_link(preset, float(rate), link_nodes()))     # the same nodes
     return float(rate)
 
 

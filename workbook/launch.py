@@ -37,12 +37,16 @@ from workbook.ranks import (RankContext, choose_backend, context, device,  # noq
 
 def run(fn, world_size: int = 2, *args, backend: str | None = None, link: str = "none",
         timeout: float = DEFAULT_TIMEOUT, pool: bool = False, master_port: int | None = None,
-        **kwargs) -> list:
+        nnodes: int = 1, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh ranks (or a shared pool) and return
-    the per-rank results."""
+    the per-rank results. ``nnodes``: the ranks form that many simulated nodes, numbered as
+    torchrun numbers them (rank r on node ``r // (world_size // nnodes)``): each rank sees its
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK``, and a simulated link costs traffic
+    between nodes on the preset's network (``workbook.topology``)."""
     if pool:
-        return shared_pool(world_size, backend).run(fn, *args, link=link, timeout=timeout, **kwargs)
-    with RankPool(world_size, backend, link=link, master_port=master_port) as p:
+        return shared_pool(world_size, backend, nnodes=nnodes).run(fn, *args, link=link,
+                                                                    timeout=timeout, **kwargs)
+    with RankPool(world_size, backend, link=link, master_port=master_port, nnodes=nnodes) as p:
         return p.run(fn, *args, link=link, timeout=timeout, **kwargs)
 
 

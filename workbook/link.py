@@ -37,6 +37,17 @@ issued between an async op and its wait therefore runs *during* the modelled tra
 on CPU is real wall-clock overlap. A peer that arrives late still delays the real op, so rank
 skew shows up as waiting beyond the modelled time (``OpRecord.arrival_ns`` records it).
 
+Nodes
+-----
+Ranks started as several nodes (``torchrun --nnodes``, ``workbook run --nnodes``,
+``launch.run(..., nnodes=2)``) get a link with two fabrics, NVLink inside a node and one network
+card per rank between nodes: each op is costed by which ranks take part (``workbook.topology``:
+a subgroup inside a node runs at NVLink speed, one rank per node at the card's, a group spanning
+both the hierarchical way). Each fabric has its own two lanes, so a data-parallel all-reduce
+across nodes and a tensor-parallel one inside a node can run at the same time, as on the real
+machine; an op that needs both fabrics holds both. A preset without a network
+(``dgx-h100-ib``) stays flat.
+
 Calibration
 -----------
 A CPU computes about 10^4 times slower than an H100. To keep the *ratio* of communication to
@@ -46,7 +57,7 @@ matmul rate to the hardware's peak, and its latency by the inverse::
     bandwidth_sim = bandwidth_hw * (flops_local / flops_hw)
     latency_sim   = latency_hw   * (flops_hw / flops_local)
 
-so a CPU run is the real machine in slow motion. Every figure measured on this link is a
+so a CPU run is the real machine in slow motion (the network is scaled the same way). Every figure measured on this link is a
 *simulated* figure and is labelled so (``Link.label``).
 
 Mechanics: ``dist.Backend.register_backend`` installs a backend named ``gloo_link`` whose
@@ -74,17 +85,7 @@ from workbook.presets import PRESETS, Preset, preset_names  # noqa: E402,F401 (t
 
 
 # --------------------------------------------------------------------------- the cost model
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' factor between algorithm bandwidth (size / time) and bus bandwidth."""
-    if n <= 1:
-        return 0.0
-    if op in ("all_reduce",):
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        return (n - 1) / n
-    if op in ("broadcast", "reduce", "send", "recv"):
-        return 1.0
-    return 0.0                                           # barrier and anything size-free
+from workbook.topology import NETWORK, NVLINK, Fabric, Topology, bus_factor  # noqa: E402,F401
 
 
 @dataclass(frozen=True)
@@ -95,16 +96,42 @@ class Link:
     latency_s: float         # simulated seconds per operation
     local_flops: float       # the local matmul rate the calibration used
     scale: float             # flops_local / flops_hw: the slow-motion factor
+    ranks_per_node: int = 0  # 0: every rank on one node (a flat link)
+    network_Bps: float = 0.0         # one rank's network card, simulated bytes per second
+    network_latency_s: float = 0.0   # simulated seconds per operation between nodes
 
-    def op_time(self, op: str, size_bytes: int, n: int) -> float:
-        """Modelled seconds for one operation (see the module docstring)."""
-        if n <= 1 and op not in ("send", "recv"):
+    @property
+    def topology(self) -> Topology | None:
+        """The nodes and their fabrics (``workbook.topology``), or None for a flat link."""
+        if self.ranks_per_node <= 0 or self.network_Bps <= 0:
+            return None
+        return Topology(self.ranks_per_node, Fabric(self.bandwidth_Bps, self.latency_s),
+                        Fabric(self.network_Bps, self.network_latency_s))
+
+    def op_time(self, op: str, size_bytes: int, group) -> float:
+        """Modelled seconds for one operation: ``group`` is a number of ranks inside one node
+        (the flat model), or the global ranks taking part (a send: the two ranks), costed by
+        the nodes they span (``workbook.topology``)."""
+        if not isinstance(group, int):
+            topo = self.topology
+            if topo is not None:
+                return topo.time(op, size_bytes, group)
+            group = len(list(group))
+        if group <= 1 and op not in ("send", "recv"):
             return 0.0
-        return self.latency_s + size_bytes * bus_factor(op, n) / self.bandwidth_Bps
+        return self.latency_s + size_bytes * bus_factor(op, group) / self.bandwidth_Bps
+
+    def fabrics(self, op: str, ranks) -> tuple[str, ...]:
+        """The fabrics ``op`` on ``ranks`` holds while it runs (one, on a flat link)."""
+        topo = self.topology
+        return topo.fabrics(op, ranks) if topo is not None else (NVLINK,)
 
     @property
     def label(self) -> str:
-        return f"simulated link: {self.preset} (calibrated to {self.local_flops / 1e9:.0f} GFLOP/s local)"
+        nodes = (f", nodes of {self.ranks_per_node} ranks joined by its network"
+                 if self.topology is not None else "")
+        return (f"simulated link: {self.preset}{nodes} (calibrated to "
+                f"{self.local_flops / 1e9:.0f} GFLOP/s local)")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -115,7 +142,10 @@ class Link:
                 "hw_bandwidth_GBps": p.bandwidth_GBps, "hw_latency_us": p.latency_us,
                 "hw_peak_tflops": p.peak_tflops, "bandwidth_GBps": self.bandwidth_Bps / 1e9,
                 "latency_us": self.latency_s * 1e6, "local_gflops": self.local_flops / 1e9,
-                "scale": self.scale}
+                "scale": self.scale, "ranks_per_node": self.ranks_per_node or None,
+                "hw_network_GBps_per_node": p.network_GBps, "hw_nic_GBps": p.nic_GBps,
+                "network_GBps": self.network_Bps / 1e9 if self.topology else None,
+                "network_latency_us": self.network_latency_s * 1e6 if self.topology else None}
 
 
 def measure_local_flops(n: int = 384, seconds: float = 0.25) -> float:
@@ -129,8 +159,10 @@ def measure_local_flops(n: int = 384, seconds: float = 0.25) -> float:
     return 2.0 * n ** 3 * count / elapsed
 
 
-def make_link(preset: str, local_flops: float | None = None) -> Link | None:
-    """Calibrate ``preset`` to this machine; ``"none"`` gives no link."""
+def make_link(preset: str, local_flops: float | None = None,
+              ranks_per_node: int = 0) -> Link | None:
+    """Calibrate ``preset`` to this machine; ``"none"`` gives no link. ``ranks_per_node``
+    (0: one node) splits the ranks into nodes joined by the preset's network."""
     if preset in (None, "", "none"):
         return None
     if preset not in PRESETS:
@@ -138,10 +170,18 @@ def make_link(preset: str, local_flops: float | None = None) -> Link | None:
     p = PRESETS[preset]
     flops = local_flops or float(os.environ.get(ENV_LOCAL_FLOPS, 0)) or measure_local_flops()
     scale = flops / (p.peak_tflops * 1e12)
-    return Link(preset, p.bandwidth_GBps * 1e9 * scale, p.latency_us * 1e-6 / scale, flops, scale)
+    nic = p.nic_GBps or 0.0
+    return Link(preset, p.bandwidth_GBps * 1e9 * scale, p.latency_us * 1e-6 / scale, flops, scale,
+                ranks_per_node if nic else 0, nic * 1e9 * scale,
+                p.network_latency_us * 1e-6 / scale if nic else 0.0)
 
 
 DIRECTIONS = {"send": ("send",), "recv": ("recv",)}
+
+
+def lanes(op: str, fabrics) -> list[tuple[str, str]]:
+    """The lanes an op holds: per fabric, one direction for a send or a receive, both else."""
+    return [(f, d) for f in fabrics for d in DIRECTIONS.get(op, ("send", "recv"))]
 
 
 # --------------------------------------------------------------------------- the op log
@@ -167,13 +207,13 @@ class _LinkState:
     def __init__(self) -> None:
         self.link: Link | None = None
         self.lock = threading.Lock()
-        self.free_at_ns = {"send": 0, "recv": 0}    # the link is full duplex: one lane each way
+        self.free_at_ns: dict = {}    # (fabric, direction) -> when that lane is free again
         self.log: list[OpRecord] = []
         self.seq = 0
 
     def reset(self, link: Link | None) -> None:
         with self.lock:
-            self.link, self.free_at_ns, self.log, self.seq = link, {"send": 0, "recv": 0}, [], 0
+            self.link, self.free_at_ns, self.log, self.seq = link, {}, [], 0
 
 
 STATE = _LinkState()
@@ -264,8 +304,8 @@ class _ArrivalWatch:
     (a real completion after the modelled end is a late peer, drawn as such). ``join()`` (the
     rank's ``wait()``) returns once the thread is done; gloo's work is waited on once only."""
 
-    def __init__(self, inner, record: OpRecord):
-        self.work, self._record, self._error = inner, record, None
+    def __init__(self, inner, record: OpRecord, recv_lanes=()):
+        self.work, self._record, self._error, self._lanes = inner, record, None, list(recv_lanes)
         self._thread = threading.Thread(target=self._watch, daemon=True,
                                         name=f"link-{record.op}")
         self._thread.start()
@@ -279,9 +319,10 @@ class _ArrivalWatch:
         with STATE.lock:
             rec.arrival_ns = now
             if rec.op == "recv":               # a send keeps its place: it left when posted
-                rec.start_ns = max(now, STATE.free_at_ns["recv"])
+                rec.start_ns = max(now, *(STATE.free_at_ns.get(lane, 0) for lane in self._lanes))
                 rec.end_ns = rec.start_ns + rec.modelled_ns
-                STATE.free_at_ns["recv"] = rec.end_ns
+                for lane in self._lanes:
+                    STATE.free_at_ns[lane] = rec.end_ns
 
     def join(self) -> None:
         self._thread.join()
@@ -309,41 +350,44 @@ class LinkedProcessGroup(dist.ProcessGroup):
     gather/scatter the n-rank buffer, everything else the buffer a rank passes in.
     """
 
-    def __init__(self, store, rank: int, size: int, timeout):
+    def __init__(self, store, rank: int, size: int, timeout, global_ranks=None):
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._ranks = list(global_ranks or range(size))     # group rank -> global rank
 
     def getBackendName(self):            # noqa: N802  (name fixed by c10d)
         return BACKEND_NAME
 
     # -- the bookkeeping every op shares
-    def _charge(self, op: str, inner, size_bytes: int, async_op: bool = True, then=None):
+    def _charge(self, op: str, inner, size_bytes: int, async_op: bool = True, then=None,
+                peer: int | None = None):
         link = STATE.link
         if link is None:
             return LinkWork(inner, None, then=then)
-        n = self.size()
+        n = self.size()                  # the ranks taking part: the group, or a p2p's two
+        ranks = self._ranks if peer is None else [self._ranks[self.rank()], self._ranks[peer]]
         rec = OpRecord(0, op, size_bytes, n, async_op, time.perf_counter_ns(),
-                       int(link.op_time(op, size_bytes, n) * 1e9))
+                       int(link.op_time(op, size_bytes, ranks) * 1e9))
+        held = lanes(op, link.fabrics(op, ranks))
         if op == "recv":                 # placed on the link when the data lands (_ArrivalWatch)
             with STATE.lock:
                 STATE.seq += 1
                 rec.seq = STATE.seq
                 STATE.log.append(rec)
-            return LinkWork(_ArrivalWatch(inner, rec), rec, then=then)
+            return LinkWork(_ArrivalWatch(inner, rec, held), rec, then=then)
         if op == "send":                 # its real completion, watched (gloo gives no future)
             inner = _ArrivalWatch(inner, rec)
         try:                             # note the moment gloo finishes (on gloo's thread)
             inner.get_future().then(lambda _f: _note_arrival(rec))
         except Exception:                # a work without a future: arrival is taken at wait()
             pass
-        with STATE.lock:                 # the link carries one op at a time, in issue order
+        with STATE.lock:                 # a lane carries one op at a time, in issue order
             STATE.seq += 1
             rec.seq = STATE.seq
-            lanes = DIRECTIONS.get(op, ("send", "recv"))
-            rec.start_ns = max(rec.issued_ns, *(STATE.free_at_ns[d] for d in lanes))
+            rec.start_ns = max(rec.issued_ns, *(STATE.free_at_ns.get(lane, 0) for lane in held))
             rec.end_ns = rec.start_ns + rec.modelled_ns
-            for d in lanes:
-                STATE.free_at_ns[d] = rec.end_ns
+            for lane in held:
+                STATE.free_at_ns[lane] = rec.end_ns
             STATE.log.append(rec)
         return LinkWork(inner, rec, then=then)
 
@@ -422,21 +466,24 @@ class LinkedProcessGroup(dist.ProcessGroup):
 
     # -- point to point
     def send(self, tensors, dst, tag=0):
-        return self._charge("send", self._gloo.send(tensors, dst, tag), _nbytes(tensors))
+        return self._charge("send", self._gloo.send(tensors, dst, tag), _nbytes(tensors), peer=dst)
 
     def recv(self, tensors, src, tag=0):
-        return self._charge("recv", self._gloo.recv(tensors, src, tag), _nbytes(tensors))
+        return self._charge("recv", self._gloo.recv(tensors, src, tag), _nbytes(tensors), peer=src)
 
     def recv_anysource(self, tensors, tag=0):
         return self._charge("recv", self._gloo.recv_anysource(tensors, tag), _nbytes(tensors))
 
 
-def _create(store, rank, size, timeout):
-    return LinkedProcessGroup(store, rank, size, timeout)
+def _create(options, _backend_options=None):
+    """c10d's extended backend API: the group's store, rank, size and timeout, and its global
+    ranks (which nodes an op spans)."""
+    return LinkedProcessGroup(options.store, options.group_rank, options.group_size,
+                              options.timeout, options.global_ranks_in_group)
 
 
 def register() -> None:
     """Make ``gloo_link`` a torch.distributed backend (idempotent)."""
     if BACKEND_NAME.upper() not in dist.Backend.backend_list and \
             BACKEND_NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])

@@ -118,7 +118,7 @@ def release_freed_memory() -> None:
 _MALLOC_TRIM = None
 
 
-def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_path, env):
+def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_path, env, nnodes=1):
     """The loop of a spawned rank: initialise once, then run tasks until told to stop."""
     import gc
     gc.freeze()     # what the fork server imported stays shared: the collector never writes to it
@@ -135,8 +135,9 @@ def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_pat
     flight.RECORDER.slot = shm.buf[rank * flight.SLOT_BYTES:(rank + 1) * flight.SLOT_BYTES]
     store = dist.TCPStore("127.0.0.1", store_port, world_size + 1, is_master=False,
                           timeout=timedelta(seconds=60))
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size))
+    per_node = world_size // nnodes                   # simulated nodes, numbered as torchrun does
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % per_node),
+                      LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node))
     links: dict = {}
     generation, exit_code = 0, 0
     try:
@@ -189,11 +190,12 @@ class RankPool:
     """``world_size`` live rank processes that run task after task (see the module docstring)."""
 
     def __init__(self, world_size: int, backend: str | None = None, *, link: str = "none",
-                 master_port: int | None = None, start_timeout: float = 120.0):
+                 master_port: int | None = None, start_timeout: float = 120.0, nnodes: int = 1):
         import torch.distributed as dist
         from workbook import flight
+        check_nodes(world_size, nnodes)
         self.backend = choose_backend(backend, world_size, link)
-        self.world_size = world_size
+        self.world_size, self.nnodes = world_size, nnodes
         try:
             self._store = dist.TCPStore("127.0.0.1", master_port or 0, world_size + 1,
                                         is_master=True, timeout=timedelta(seconds=60),
@@ -210,7 +212,7 @@ class RankPool:
             parent_end, child_end = ctx.Pipe()
             p = ctx.Process(target=_rank_main, daemon=True, name=f"workbook-rank{rank}",
                             args=(rank, world_size, self.backend, self._store.port, child_end,
-                                  self._shm.name, list(sys.path), env))
+                                  self._shm.name, list(sys.path), env, nnodes))
             p.start()
             child_end.close()
             self._conns.append(parent_end)
@@ -364,14 +366,21 @@ def _reraise(err: dict, world_size: int) -> BaseException:
 _POOLS: dict[tuple, RankPool] = {}
 
 
+def check_nodes(world_size: int, nnodes: int) -> None:
+    """``nnodes`` simulated nodes must split ``world_size`` ranks evenly (torchrun's rule)."""
+    if nnodes < 1 or world_size % nnodes:
+        raise ValueError(f"{world_size} ranks do not split into {nnodes} nodes of equal size: "
+                         f"choose a number of nodes that divides the number of ranks")
+
+
 def shared_pool(world_size: int, backend: str | None = None, *,
-                max_live: int | None = None) -> RankPool:
+                max_live: int | None = None, nnodes: int = 1) -> RankPool:
     """A pool kept for the life of this process (tests, notebooks); replaced if it broke.
 
     ``max_live``: the most rank processes this process keeps alive at once; before a new pool
     starts, the pools used longest ago are closed until it fits (a pool starts from the fork
     server in a fraction of a second; a small grading machine has memory for few ranks)."""
-    key = (world_size, choose_backend(backend, world_size))
+    key = (world_size, choose_backend(backend, world_size), nnodes)
     pool = _POOLS.pop(key, None)                     # re-inserted last: the most recently used
     if pool is None or not pool.alive():
         if max_live is not None:
@@ -379,7 +388,7 @@ def shared_pool(world_size: int, backend: str | None = None, *,
                 if sum(k[0] for k in _POOLS) + world_size <= max_live:
                     break
                 _POOLS.pop(old).close()
-        pool = RankPool(world_size, key[1])
+        pool = RankPool(world_size, key[1], nnodes=nnodes)
     _POOLS[key] = pool
     return pool
 

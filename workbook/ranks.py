@@ -8,6 +8,9 @@ and ``workbook.launch.init_from_env`` joins them), so a lab sees the same world 
   2.30+); gloo with the tensors on a GPU (``gloo-cuda``). ``workbook.gpu.plan`` decides, and says
   why; ``$WORKBOOK_BACKEND`` is the default request;
 * threads: a CPU rank gets ``cores // ranks`` torch threads so ranks do not fight for cores;
+* nodes: a rank knows its node as torchrun says it (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+  ``GROUP_RANK``), whether torchrun started it on real hosts or the pool on this machine, and
+  the simulated link costs each op by the nodes its ranks span (``workbook.topology``);
 * the flight recorder is installed, so a hang can be reported per rank.
 """
 from __future__ import annotations
@@ -22,9 +25,15 @@ class RankContext:
     """What a rank function may ask about where it runs (``workbook.launch.context()``)."""
     rank: int
     world_size: int
-    local_rank: int
+    local_rank: int          # this rank's index on its node
     backend: str
     device: str
+    node: int = 0            # GROUP_RANK: which node (torchrun's agent) this rank runs on
+    ranks_per_node: int = 0  # LOCAL_WORLD_SIZE: ranks on each node
+
+    @property
+    def nnodes(self) -> int:
+        return -(-self.world_size // (self.ranks_per_node or self.world_size))
 
 
 _CONTEXT: RankContext | None = None
@@ -77,8 +86,16 @@ def threads_per_rank(local_world_size: int) -> int:
 
 
 # --------------------------------------------------------------------------- inside a rank
+def node_layout(world_size: int) -> tuple[int, int, int]:
+    """``(local_rank, ranks_per_node, node)`` of this process, from torchrun's variables."""
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return (int(os.environ.get("LOCAL_RANK", 0)), per_node,
+            int(os.environ.get("GROUP_RANK", int(os.environ.get("RANK", 0)) // per_node)))
+
+
 def init_rank(rank, world_size, local_rank, backend, store, generation, timeout_s):
-    """Initialise torch.distributed in this process (the part spawned ranks and torchrun share)."""
+    """Initialise torch.distributed in this process (the part spawned ranks and torchrun share).
+    ``local_rank`` picks the GPU: the rank's index among the ranks of this machine."""
     global _CONTEXT
     import warnings
     import torch
@@ -104,7 +121,14 @@ def init_rank(rank, world_size, local_rank, backend, store, generation, timeout_
         kwargs["device_id"] = torch.device(dev)
     dist.init_process_group(**kwargs)
     flight.RECORDER.install()
-    _CONTEXT = RankContext(rank, world_size, local_rank, backend, dev)
+    node_rank, per_node, node = node_layout(world_size)
+    _CONTEXT = RankContext(rank, world_size, node_rank, backend, dev, node, per_node)
+
+
+def link_nodes() -> int:
+    """Ranks per node for the simulated link: 0 when every rank is on one node."""
+    ctx = context()
+    return ctx.ranks_per_node if 0 < ctx.ranks_per_node < ctx.world_size else 0
 
 
 def set_link(preset: str, cache: dict) -> None:
@@ -120,5 +144,5 @@ def set_link(preset: str, cache: dict) -> None:
         if dist.get_rank() == 0:
             flops = float(os.environ.get(link.ENV_LOCAL_FLOPS, 0)) or link.measure_local_flops()
             store.set(key, repr(flops))
-        cache[preset] = link.make_link(preset, float(store.get(key).decode()))
+        cache[preset] = link.make_link(preset, float(store.get(key).decode()), link_nodes())
     link.set_link(cache[preset])

@@ -154,3 +154,46 @@ def test_an_early_receive_pays_its_transfer_when_the_data_lands():
     _, recv = launch.run(late_sender, 2, backend="gloo", pool=True)
     assert 0.34 < recv["seconds"] < 0.6
     assert recv["start_after_issue_s"] > 0.25
+
+
+def ops_in_nodes():
+    """On 2 simulated nodes of 2: all-reduce inside a node, across nodes, over both; a send
+    inside a node and one across. Returns what the rank knows and what the link charged."""
+    import torch
+    import torch.distributed as dist
+    ctx, lk = launch.context(), link.current_link()
+    groups = {name: dist.new_group(ranks) for name, ranks in
+              [("inside", [0, 1]), ("across", [0, 2]), ("both", [0, 1, 2, 3])]}
+    x = torch.ones(4096)
+    for name, ranks in [("inside", [0, 1]), ("across", [0, 2]), ("both", [0, 1, 2, 3])]:
+        if ctx.rank in ranks:
+            dist.all_reduce(x, group=groups[name])
+    if ctx.rank in (0, 1, 2):                                 # 0 -> 1 inside, 1 -> 2 across
+        if ctx.rank < 2:
+            dist.send(x, ctx.rank + 1)
+        if ctx.rank > 0:
+            dist.recv(x, ctx.rank - 1)
+    charged = [(r.op, r.modelled_ns) for r in link.op_log()]
+    return (ctx.node, ctx.local_rank, ctx.ranks_per_node, lk.ranks_per_node, charged, lk)
+
+
+def test_ranks_in_nodes_pay_the_fabric_their_group_spans():
+    results = launch.run(ops_in_nodes, 4, backend="gloo", link="dgx-h100", nnodes=2)
+    assert [r[:4] for r in results] == [(0, 0, 2, 2), (0, 1, 2, 2), (1, 0, 2, 2), (1, 1, 2, 2)]
+    lk = results[0][5]                                         # the calibration the ranks share
+    assert lk.topology is not None and "nodes of 2 ranks" in lk.label
+    ns = lambda op, ranks: int(lk.op_time(op, 4096 * 4, ranks) * 1e9)          # noqa: E731
+    inside, across, both = (ns("all_reduce", g) for g in ([0, 1], [0, 2], [0, 1, 2, 3]))
+    assert inside < across and inside < both                   # NVLink beats the network
+    charged = [r[4] for r in results]
+    assert charged[0][:3] == [("all_reduce", inside), ("all_reduce", across), ("all_reduce", both)]
+    assert charged[1][:2] == [("all_reduce", inside), ("all_reduce", both)]
+    assert charged[0][3] == ("send", ns("send", [0, 1]))       # inside node 0
+    assert charged[1][2:] == [("send", ns("send", [1, 2])), ("recv", ns("send", [0, 1]))]
+    assert charged[2][-1] == ("recv", ns("send", [1, 2]))      # across: the card's cost
+    assert ns("send", [1, 2]) > ns("send", [0, 1])
+
+
+def test_nodes_must_split_the_ranks_evenly():
+    with pytest.raises(ValueError, match="3 ranks do not split into 2 nodes"):
+        launch.run(ops_in_nodes, 3, backend="gloo", nnodes=2)

@@ -119,14 +119,17 @@ def graded_size(n: int, *sizes: int) -> int:
     return n if n in kept else max(kept)
 
 
-def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=None, **kwargs):
+def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=None,
+             nnodes: int = 1, **kwargs):
     """``fn(*args, **kwargs)`` on ``n`` ranks; the per-rank results, indexed by rank.
+    ``nnodes``: the ranks form that many simulated nodes (``workbook.launch.run``); under
+    torchrun the job's own nodes.
 
     ``key``: tests that read the same run pass the same key; the run (or its exception) is
     replayed to the second test instead of run again."""
     from workbook.grading.labs import ENV_IMPL
     full_key = None if key is None else (
-        getattr(fn, "__module__", ""), getattr(fn, "__qualname__", ""), key, n, link,
+        getattr(fn, "__module__", ""), getattr(fn, "__qualname__", ""), key, n, link, nnodes,
         os.environ.get(ENV_IMPL))
     if full_key is not None and full_key in STATE.cache:
         ok, value = STATE.cache[full_key]
@@ -143,7 +146,7 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
             from workbook.pool import release_freed_memory
             release_freed_memory()                  # what the last judge freed, before ranks run
             started = time.monotonic()
-            pool = shared_pool(n, backend_for_link(link), max_live=_live_ranks(n))
+            pool = shared_pool(n, backend_for_link(link), max_live=_live_ranks(n), nnodes=nnodes)
             if STATE.deadline is not None:          # starting ranks is not the test's own time
                 STATE.deadline += time.monotonic() - started
             value = pool.run(_in_impl, os.environ.get(ENV_IMPL), fn, *args, link=link,

@@ -1,0 +1,125 @@
+"""Nodes and the network between them: what one operation costs when its ranks span machines.
+
+A flat link gives every pair of ranks one bandwidth. A real cluster has two fabrics:
+
+* **inside a node**, the GPUs share a switched fabric (DGX-H100: NVLink 4 through NVSwitch,
+  900 GB/s bus bandwidth per GPU, about 2 us per operation);
+* **between nodes**, each GPU has its own network card on a rail of its own (DGX-H100: eight
+  ConnectX-7 at 400 Gb/s, 400 GB/s per node, so 50 GB/s per GPU, about 5 us per operation).
+
+An 18x gap per GPU: that gap is why Megatron-LM and NeMo keep tensor parallelism inside a node
+and put data and pipeline parallelism across nodes, and why the Domino paper's multi-node
+figures (TP spanning two DGX-H100s, arXiv 2409.15241, section 5) differ from its single-node
+ones. This module turns a group of ranks into a cost. Rank ``r`` lives on node
+``r // ranks_per_node``, as torchrun numbers ranks. For a group of ``n`` ranks on ``k`` nodes,
+at most ``m`` on one node, and a buffer of ``S`` bytes (nccl-tests' size: ``workbook.link``):
+
+``k == 1``, all inside one node: the flat alpha-beta model on the intra-node fabric::
+
+    t = a_in + S * bus_factor(op, n) / B_in
+
+``m == 1``, one rank per node: the same on the network, at one card's bandwidth ``B_net``::
+
+    t = a_net + S * bus_factor(op, n) / B_net
+
+both (``k > 1`` and ``m > 1``): the hierarchical algorithm NCCL uses across nodes. An all-reduce
+reduce-scatters inside each node, all-reduces each node's ``S/m`` piece across nodes (the ``m``
+ranks of a node do so at once, each on its own card), then all-gathers inside the node::
+
+    t = 2 * (a_in + (m-1)/m * S / B_in)  +  a_net + 2(k-1)/k * (S/m) / B_net
+
+An all-gather is the inter-node all-gather of ``S/m`` then the intra-node one of ``S`` (a
+reduce-scatter the same two stages in reverse); a broadcast or reduce crosses the network once
+(``S / B_net``) and the node once (``S / B_in``); a barrier pays both latencies. An all-to-all
+sends ``(m-1)/n`` of a rank's buffer over the node's fabric while ``(n-m)/n`` leaves through its
+card, at the same time, so it costs the slower of the two. A send/receive costs the fabric its
+two ranks share. A group with unequal numbers of ranks per node is costed at its fullest node.
+
+The module is pure arithmetic (no torch), so its costs are checked against hand-computed values
+(``tests/package/test_topology.py``); ``workbook.link`` charges them to real gloo operations.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+NVLINK, NETWORK = "node", "network"          # the two fabrics an op can occupy
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' factor between algorithm bandwidth (size / time) and bus bandwidth."""
+    if n <= 1:
+        return 0.0
+    if op in ("all_reduce",):
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    if op in ("broadcast", "reduce", "send", "recv"):
+        return 1.0
+    return 0.0                                           # barrier and anything size-free
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """One fabric as a rank sees it: bus bandwidth (bytes/s) and latency per operation (s)."""
+    bandwidth_Bps: float
+    latency_s: float
+
+    def time(self, op: str, size_bytes: float, n: int) -> float:
+        """The flat alpha-beta cost of ``op`` on ``n`` ranks of this fabric."""
+        return self.latency_s + size_bytes * bus_factor(op, n) / self.bandwidth_Bps
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Ranks in nodes of ``ranks_per_node``: ``node`` inside one, ``network`` between them."""
+    ranks_per_node: int
+    node: Fabric             # intra-node: NVLink / NVSwitch
+    network: Fabric          # inter-node: one rank's network card
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    def spread(self, ranks) -> tuple[int, int]:
+        """``(k, m)``: how many nodes the group touches, and its most ranks on one node."""
+        per_node = Counter(self.node_of(r) for r in ranks)
+        return len(per_node), max(per_node.values(), default=0)
+
+    def fabrics(self, op: str, ranks) -> tuple[str, ...]:
+        """The fabrics ``op`` on ``ranks`` occupies (a hierarchical op: both, for its whole time)."""
+        k, m = self.spread(ranks)
+        if k <= 1:
+            return (NVLINK,)
+        return (NETWORK,) if m == 1 else (NVLINK, NETWORK)
+
+    def time(self, op: str, size_bytes: float, ranks) -> float:
+        """Modelled seconds of ``op`` over ``S = size_bytes`` on the group ``ranks`` (global)."""
+        ranks = list(ranks)
+        n, (k, m) = len(ranks), self.spread(ranks)
+        if op in ("send", "recv"):
+            return (self.node if k <= 1 else self.network).time(op, size_bytes, 2)
+        if n <= 1:
+            return 0.0
+        if k == 1:
+            return self.node.time(op, size_bytes, n)
+        if m == 1:
+            return self.network.time(op, size_bytes, n)
+        inside, across = self.node, self.network
+        if op == "all_to_all":                   # both parts at once: the slower one decides
+            return max(inside.latency_s + size_bytes * (m - 1) / n / inside.bandwidth_Bps,
+                       across.latency_s + size_bytes * (n - m) / n / across.bandwidth_Bps)
+        if op == "all_reduce":                   # RS inside, AR of S/m across, AG inside
+            return (2 * inside.time("reduce_scatter", size_bytes, m)
+                    + across.time("all_reduce", size_bytes / m, k))
+        if op in ("all_gather", "reduce_scatter", "gather", "scatter"):
+            return inside.time(op, size_bytes, m) + across.time(op, size_bytes / m, k)
+        if op in ("broadcast", "reduce"):        # across the network once, inside a node once
+            return inside.time(op, size_bytes, m) + across.time(op, size_bytes, k)
+        return inside.latency_s + across.latency_s            # barrier: both latencies
+
+    def describe(self, world_size: int) -> str:
+        nodes = -(-world_size // self.ranks_per_node)
+        return (f"{nodes} node(s) x {self.ranks_per_node} ranks: inside a node "
+                f"{self.node.bandwidth_Bps / 1e6:.1f} MB/s, {self.node.latency_s * 1e3:.2f} ms; "
+                f"between nodes {self.network.bandwidth_Bps / 1e6:.1f} MB/s per rank, "
+                f"{self.network.latency_s * 1e3:.2f} ms")
