@@ -423,8 +423,9 @@ fig
 # %% [markdown]
 # Measured and modelled agree (the link charges the model; the gap is real gloo time). The
 # layout decides the cost: TP's many activation all-reduces on NVLink and DP's one gradient
-# all-reduce on the network (`tp_inside`, Megatron-LM's order, TP innermost) is several times
-# cheaper than the other way round. And only DP's all-reduce can hide (behind the backward
+# all-reduce on the network (`tp_inside`, Megatron-LM's order, TP innermost) costs a fraction
+# of the other way round (about 2.5x less at 1024 tokens a step; the gap grows with the tokens,
+# since only TP's bytes do). And only DP's all-reduce can hide (behind the backward
 # pass, lesson 9); every TP all-reduce is waited on before the next layer can start, unless a
 # schedule like Domino's (lesson 6) splits the batch. That is why the Domino paper's
 # multi-node runs, with TP spanning two nodes, leave more exposed than its single-node ones:

@@ -375,7 +375,8 @@ def run_bench(args) -> dict:
     variants = _combine(results)
     link_info = results[0]["link"] or {}
     result = {"link": link, "nproc": args.nproc, "nnodes": nnodes, "options": opts,
-              "topology": bool(link_info.get("ranks_per_node")), "backend": layout.backend,
+              "topology": bool(link_info.get("ranks_per_node")), "link_info": link_info,
+              "backend": layout.backend,
               "hardware": results[0]["hardware"], "ranks_per_gpu": layout.ranks_per_gpu,
               "link_label": f"calibrated to {link_info.get('local_gflops', 0):.0f} GFLOP/s local"
               if link_info else "none", "variants": variants, "comm_fraction_pct": None}

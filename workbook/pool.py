@@ -137,7 +137,8 @@ def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_pat
                           timeout=timedelta(seconds=60))
     per_node = world_size // nnodes                   # simulated nodes, numbered as torchrun does
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % per_node),
-                      LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node))
+                      LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node),
+                      WORKBOOK_RANKS_HERE=str(world_size))
     links: dict = {}
     generation, exit_code = 0, 0
     try:

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 
+RANKS_HERE = "WORKBOOK_RANKS_HERE"     # ranks on this machine, when simulated nodes share it
+
+
 @dataclass
 class RankContext:
     """What a rank function may ask about where it runs (``workbook.launch.context()``)."""
@@ -104,7 +107,8 @@ def init_rank(rank, world_size, local_rank, backend, store, generation, timeout_
 
     warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed")
     if backend in ("nccl", "gloo-cuda"):
-        layout = rank_layout(backend, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+        here = os.environ.get(RANKS_HERE) or os.environ.get("LOCAL_WORLD_SIZE", world_size)
+        layout = rank_layout(backend, int(here))      # the ranks sharing this machine's GPUs
         for key, value in layout.env.items():       # before NCCL reads it (ranks sharing a GPU)
             os.environ.setdefault(key, value)
         dev = layout.device(local_rank)

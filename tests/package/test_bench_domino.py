@@ -52,3 +52,31 @@ def test_shapes_that_do_not_divide_fail_in_one_line():
     message = str(err.value)
     assert "\n" not in message
     assert "--p 3 must divide --batch 16" in message and "--heads 5 must divide --hidden" in message
+
+
+def test_nodes_that_do_not_split_the_ranks_fail_in_one_line():
+    import argparse
+    parser = argparse.ArgumentParser()
+    bench_domino.add_arguments(parser)
+    with pytest.raises(SystemExit, match=r"--nnodes 3 must divide --nproc 4 \(nodes of equal"):
+        bench_domino.run_bench(parser.parse_args(["--nproc", "4", "--nnodes", "3"]))
+
+
+def test_tensor_parallelism_across_two_nodes_pays_the_network(capsys):
+    """A small model on 2 ranks, one per simulated node: every TP all-reduce crosses the network,
+    so each is charged one network card's cost (the link's own model, as the ranks saw it)."""
+    import argparse
+    parser = argparse.ArgumentParser()
+    bench_domino.add_arguments(parser)
+    args = parser.parse_args(["--nproc", "2", "--nnodes", "2", "--hidden", "64", "--heads", "4",
+                              "--ffn", "256", "--batch", "4", "--seq", "32", "--vocab", "128",
+                              "--p", "2", "--steps", "1", "--variants", "vanilla_tp,no_comm"])
+    result = bench_domino.run_bench(args)
+    out = capsys.readouterr().out
+    assert out.startswith("Domino benchmark: 2 ranks on 2 simulated nodes of 1, simulated link")
+    assert "tensor parallelism spans 2 nodes" in out
+    assert result["topology"] and result["nnodes"] == 2
+    assert result["variants"]["vanilla_tp"]["comm_ms"] > 0
+    info = result["link_info"]                       # as the ranks' link described itself
+    assert info["ranks_per_node"] == 1
+    assert info["network_GBps"] == pytest.approx(info["bandwidth_GBps"] * 50 / 900)   # one card
