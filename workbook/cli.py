@@ -88,8 +88,18 @@ def topology_lines(flops: float, env) -> list[str]:
 
 def cmd_run(args) -> int:
     from workbook.selfcheck import self_check
-    return self_check(args.lab, impl=args.impl, nproc=args.nproc, timeout=args.timeout,
-                      link=args.link, trace_dir=args.trace_dir)
+    if args.nnodes is None and args.nproc_per_node is None:
+        return self_check(args.lab, impl=args.impl, nproc=args.nproc, timeout=args.timeout,
+                          link=args.link, trace_dir=args.trace_dir)
+    from workbook import multinode                      # one torchrun agent per node
+    nnodes, per_node = multinode.node_split(args.nnodes, args.nproc_per_node, args.nproc)
+    if args.lab not in LABS:
+        raise ValueError(f"unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
+    lab_file = impl_dir(args.impl) / f"{args.lab}.py"
+    if not lab_file.is_file():
+        raise FileNotFoundError(f"no lab file {lab_file}")
+    return multinode.run_lab(lab_file, nnodes, per_node, timeout=args.timeout, link=args.link,
+                             trace_dir=args.trace_dir)
 
 
 def cmd_grade(args) -> int:
@@ -184,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"seconds one run may take before it counts as a hang and each rank's "
                         f"last collective is reported (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--nnodes", type=int, default=None, metavar="N",
+                   help="run as a torchrun job of N nodes on this machine (one torchrun agent "
+                        "each, c10d rendezvous on 127.0.0.1); with --nproc-per-node")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="P",
+                   help="ranks on each node (with --nnodes; --nproc, if given, must be N x P)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("grade", help="grade the labs with points",

@@ -11,8 +11,10 @@ so this module gives each rank what the pool gives the launcher:
   check; each rank posts the last call its flight recorder saw, rank 0 prints the per-rank
   report, and the job ends with exit status 2. The process group's own timeout sits 60 s
   above the watchdog's, so gloo's "Timed out waiting ..." never comes first;
-* **quiet exits**: rank 0 carries the job's exit status; the others leave first with 0, so
-  torchrun lists one failed rank, not every rank (torchrun itself exits 1 on any failure).
+* **quiet exits**: each node's local rank 0 carries the job's exit status; the others leave
+  first with 0, so torchrun lists one failed rank per node, not every rank (torchrun itself
+  exits 1 on any failure). On several nodes every node's agent so fails by itself: none waits
+  for the others in torchrun's exit barrier after node 0's agent (which serves the store) left.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class JobRanks:
         self.store, self.rank, self.world = next(dist.rendezvous("env://"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        self.local_world = local_world
         self.backend = choose_backend(backend, local_world, "none")
         if self.backend == "gloo":
             torch.set_num_threads(threads_per_rank(local_world))
@@ -88,7 +91,8 @@ class JobRanks:
 
     # -- leaving
     def finish(self, code: int) -> None:
-        """End the job: the other ranks leave first (exit 0), then rank 0 with ``code``."""
+        """End the job: on each node the other ranks leave first (exit 0), then local rank 0
+        with ``code``. The store may be gone already (node 0's agent left): no matter."""
         import shutil
 
         from workbook.grading.engine import STATE
@@ -96,22 +100,29 @@ class JobRanks:
             shutil.rmtree(STATE.tmpdir, ignore_errors=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        mine = 0 if self.rank else code
+        mine = 0 if self.local_rank else code
         threading.Timer(EXIT_WITHIN_S, os._exit, (mine,)).start()   # whatever the store does
-        store = self.watchdog.store()
-        if self.rank != 0:
-            store.set(f"workbook/left/{self.rank}", "1")
-            os._exit(0)
-        _wait_keys(store, [f"workbook/left/{r}" for r in range(1, self.world)], 10.0)
-        time.sleep(0.3)
-        os._exit(code)
+        peers = range(self.rank + 1, self.rank + self.local_world)   # torchrun: a node's ranks
+        try:
+            store = self.watchdog.store()
+            if self.local_rank != 0:
+                store.set(f"workbook/left/{self.rank}", "1")
+                os._exit(0)
+            _wait_keys(store, [f"workbook/left/{r}" for r in peers], 10.0)
+        except Exception:                                  # noqa: BLE001 - leaving anyway
+            pass
+        time.sleep(0.3 * (self.local_rank == 0))
+        os._exit(mine)
 
 
 def _wait_keys(store, keys: list[str], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not keys or store.check(keys):
-            return True
+        try:
+            if not keys or store.check(keys):
+                return True
+        except Exception:                                  # noqa: BLE001 - the store is gone
+            return False
         time.sleep(0.05)
     return False
 
@@ -150,22 +161,26 @@ class Watchdog(threading.Thread):
         from workbook import flight
         from workbook.grading.engine import STATE
         job = self.job
-        threading.Timer(EXIT_WITHIN_S, os._exit, (0 if job.rank else 2,)).start()
+        threading.Timer(EXIT_WITHIN_S, os._exit, (0 if job.local_rank else 2,)).start()
         store = self.store()
         store.set(f"workbook/hang/{job.rank}", json.dumps(flight.RECORDER.state))
         if job.rank != 0:
             _wait_keys(store, ["workbook/hang/reported"], 10.0)
-            job.finish(0)
+            job.finish(2)
         keys = [f"workbook/hang/{r}" for r in range(job.world)]
         _wait_keys(store, keys, 5.0)
         slots = [json.loads(store.get(k)) if store.check([k]) else {"state": "no answer"}
                  for k in keys]
+        silent = [r for r, s in enumerate(slots) if s["state"] == "no answer"]
         if STATE.before_report:
             STATE.before_report()
         sys.stdout.flush()
         print(f"  HANG  {STATE.current or 'a check'}\n        "
               + flight.hang_report(slots, self.timeout).replace("\n", "\n        "),
               file=sys.stderr, flush=True)
+        if silent:
+            print(f"        rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} did not "
+                  f"answer: the process (or its node) is gone", file=sys.stderr, flush=True)
         print("exit 2 (a hang): the job ends here, no rank is left running", file=sys.stderr,
               flush=True)
         store.set("workbook/hang/reported", "1")

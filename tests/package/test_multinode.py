@@ -1,0 +1,209 @@
+"""Several torchrun nodes, for real (``workbook/multinode.py``).
+
+Two hosts are two Linux network namespaces joined by a veth pair (addresses inside them only;
+nothing else is contacted). One torchrun agent per host (``--nnodes=2 --nproc_per_node=2``,
+c10d rendezvous at host 0) runs:
+
+* the probe: every rank says where it ran (ranks 0-1 in one namespace, 2-3 in the other, gloo
+  on each host's own address), then rank 3 raises: both hosts end with rank 3's own error;
+* the collectives self-check, on a simulated multi-node link;
+* the tp self-check, its figures traced: four rank traces merge into one;
+* a host killed mid-run: the other ends within its check's timeout, naming the silent ranks.
+
+After each run no process is left in either namespace, and the namespaces are deleted at the
+end whatever happens. These tests need root (they skip, saying why, where namespaces are not
+allowed). ``workbook run --nnodes 2 --nproc-per-node 2`` (two nodes on 127.0.0.1) needs
+nothing and is checked too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from workbook.multinode import NetnsPair, job_exit_code, run_nodes
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_S = 100                              # a run's hard limit: run_nodes stops it past that
+
+
+def _netns_unavailable() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "network namespaces are Linux's"
+    if os.geteuid() != 0:
+        return "creating network namespaces (ip netns add) needs root"
+    if not shutil.which("ip"):
+        return "needs the ip command (iproute2)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def pair():
+    reason = _netns_unavailable()
+    if reason:
+        pytest.skip(reason)
+    pair = NetnsPair()
+    try:
+        pair.__enter__()
+    except OSError as exc:
+        if "Operation not permitted" in str(exc) or "Permission denied" in str(exc):
+            pytest.skip(f"this machine does not allow network namespaces: {exc}")
+        raise
+    try:
+        yield pair
+    finally:
+        pair.close()
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not set(pair.names) & set(listed.split()), listed
+
+
+def _run(pair, command: list[str], **kw):
+    nodes = run_nodes(command, pair.hosts, 2, timeout=RUN_S, env={"PYTHONPATH": str(ROOT)}, **kw)
+    left = pair.pids(0) + pair.pids(1)
+    ps = subprocess.run(["ps", "-o", "pid,stat,args", "-p", ",".join(map(str, left or [0]))],
+                        capture_output=True, text=True).stdout
+    assert not left, f"processes left in the namespaces:\n{ps}"
+    return nodes
+
+
+def _probe_records(out: str) -> list[dict]:
+    """Rank 0's ``PROBE [...]`` line (another process's warning may share its start)."""
+    found = re.search(r"PROBE (\[\{.*\}\])$", out, re.M)
+    assert found, out
+    return json.loads(found.group(1))
+
+
+def _netns_id(name: str) -> str:
+    return f"net:[{os.stat(f'/run/netns/{name}').st_ino}]"     # what /proc/PID/ns/net names
+
+
+def test_ranks_run_on_two_hosts_and_a_ranks_error_ends_both(pair):
+    nodes = _run(pair, ["-m", "workbook.multinode_probe", "--fail-rank", "3"])
+    out = nodes[0].output
+    records = _probe_records(out + nodes[1].output)
+    assert [int(r["rank"]) for r in records] == [0, 1, 2, 3]
+    for rank, r in enumerate(records):
+        host = pair.hosts[rank // 2]
+        assert (int(r["local_rank"]), int(r["group_rank"]), int(r["local_world_size"])) == \
+            (rank % 2, rank // 2, 2), r
+        assert r["netns"] == _netns_id(host.netns), r                # ranks 0-1 host 0, 2-3 host 1
+        assert r["gloo_ifname"] == host.ifname and r["gloo_addr"] == host.address, r
+        assert r["master_addr"] == pair.hosts[0].address, r          # node 0's agent: the store
+        assert r["all_reduce"] == 1 + 2 + 3 + 4, r                   # gloo crossed the cable
+        assert r["link_ranks_per_node"] == 2, r                      # the link knows the nodes
+        assert r["link_fabrics"] == ["node", "network"], r           # hierarchical all-reduce
+    assert records[0]["netns"] != records[2]["netns"] != os.readlink("/proc/self/ns/net")
+    # then rank 3 raised: every rank holds its error, rank 0 says it, both hosts end with 1
+    assert "PROBE FAILED RuntimeError: rank 3 fails on purpose" in out, out
+    assert "(raised on rank 3 of 4)" in out, out
+    assert job_exit_code(nodes) == 1
+    assert all(n.returncode != 0 for n in nodes), [n.returncode for n in nodes]
+
+
+def test_collectives_self_check_on_two_hosts(pair):
+    nodes = _run(pair, [str(ROOT / "solutions" / "collectives.py"), "--link", "dgx-h100-ib"])
+    out = nodes[0].output
+    assert [n.returncode for n in nodes] == [0, 0], out + nodes[1].output
+    assert re.search(r"collectives: (\d+) of \1 checks passed.*exit 0", out), out
+    assert "collectives figures: 4 ranks" in out, out
+    assert "PASSED" not in nodes[1].output and "checks passed" not in nodes[1].output  # rank 0 speaks
+
+
+def test_tp_self_check_traced_on_two_hosts(pair, tmp_path):
+    """The tp self-check, its figures traced: four rank traces (two per host) merge into one."""
+    from workbook.trace.merge import merge
+    traces = tmp_path / "traces"
+    nodes = _run(pair, [str(ROOT / "solutions" / "tp.py"), "--trace-dir", str(traces)])
+    out = nodes[0].output
+    assert [n.returncode for n in nodes] == [0, 0], out + nodes[1].output
+    assert re.search(r"tp: (\d+) of \1 checks passed.*exit 0", out), out
+    assert "tp figures: one TP block on 4 ranks" in out, out
+    assert sorted(p.name for p in traces.glob("rank*.trace.json*")) == \
+        [f"rank{r}.trace.json" for r in range(4)]
+    assert json.loads((traces / "run.json").read_text())["world_size"] == 4
+    assert f"trace report: {traces / 'report.html'}" in out and (traces / "report.html").stat().st_size
+    events = json.loads(merge(traces, tmp_path / "merged.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names == {r: f"rank {r}" for r in range(4)}, names
+    assert {e["pid"] for e in events if e.get("ph") == "X"} == {0, 1, 2, 3}   # each rank's spans
+
+
+def test_a_host_killed_mid_run_ends_the_other_naming_the_silent_ranks(pair):
+    """Every rank all-reduces in a loop; host 1 dies (every process in its namespace killed):
+    host 0's ranks end at the watchdog (4 s), rank 0 names ranks 2 and 3, exit status 2."""
+    started, killed = threading.Event(), []
+
+    def kill_host_1():
+        if started.wait(RUN_S):
+            time.sleep(0.5)                                  # inside the all-reduce loop
+            pair.kill(1)
+            killed.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_host_1, daemon=True)
+    killer.start()
+    nodes = _run(pair, ["-m", "workbook.multinode_probe", "--hold", "--timeout", "4"],
+                 echo=lambda i, line: "PROBE [" in line and started.set())
+    ended = time.monotonic()
+    killer.join(timeout=15)
+    out = nodes[0].output
+    assert killed, out
+    assert ended - killed[0] < 4 + 5 + 15, f"host 0 took {ended - killed[0]:.0f} s"
+    assert nodes[1].returncode == -9, nodes[1].returncode           # host 1 was killed
+    assert "HANG" in out and "ranks 2, 3 did not answer" in out, out
+    assert "rank 0: waiting in all_reduce" in out, out
+    assert job_exit_code(nodes) == 2, out
+
+
+# --------------------------------------------------------------------------- workbook run (no root)
+def _left_running(marker: str) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [ln for ln in ps.splitlines() if marker in ln and "ps -eo" not in ln]
+
+
+def test_workbook_run_on_two_local_nodes(tmp_path):
+    """``workbook run LAB --nnodes 2 --nproc-per-node 2``: a passing lab exits 0, a stub 1 (the
+    job's verdict, not torchrun's 1), and no process is left."""
+    for folder, src in (("passing", ROOT / "solutions" / "tp.py"),
+                        ("stub", ROOT / "labs" / "collectives.py")):
+        (tmp_path / folder).mkdir()
+        shutil.copy(src, tmp_path / folder)
+    runs = {}
+    for folder, lab in (("passing", "tp"), ("stub", "collectives")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "workbook.cli", "run", lab, "--impl", str(tmp_path / folder),
+             "--nnodes", "2", "--nproc-per-node", "2"], cwd=ROOT, capture_output=True, text=True,
+            timeout=RUN_S)
+        runs[folder] = (proc.returncode, proc.stdout + proc.stderr)
+    code, out = runs["passing"]
+    assert code == 0, out
+    assert re.search(r"tp: (\d+) of \1 checks passed", out) and "job of 2 nodes: exit 0" in out, out
+    code, out = runs["stub"]
+    assert code == 1, out
+    assert "not implemented yet" in out and "job of 2 nodes: exit 1" in out, out
+    assert "local rank 0 exited with 1" in out and "Traceback" not in out, out
+    assert not _left_running(str(tmp_path)), _left_running(str(tmp_path))
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--nnodes", "2"], "--nnodes 2 needs --nproc-per-node"),
+    (["--nnodes", "2", "--nproc", "3"], "3 ranks do not split into 2 nodes"),
+    (["--nnodes", "0", "--nproc-per-node", "2"], "--nnodes must be at least 1 (got 0)"),
+    (["--nnodes", "2", "--nproc-per-node", "0"], "--nproc-per-node must be at least 1"),
+    (["--nnodes", "2", "--nproc-per-node", "2", "--nproc", "3"],
+     "--nproc 3 disagrees with --nnodes 2 x --nproc-per-node 2 = 4 ranks"),
+    (["--nnodes", "2", "--nproc-per-node", "2", "--impl", "/no/such/folder"], "--impl must be"),
+])
+def test_bad_node_options_get_one_line_and_exit_2(options, message, capsys):
+    from workbook.cli import main
+    assert main(["run", "collectives", *options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
