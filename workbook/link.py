@@ -76,6 +76,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d    # every *Options class (dist lacks some)
 
+from workbook.program_order import gemms_run    # the op log's program-order structure
+
 BACKEND_NAME = "gloo_link"
 ENV_LOCAL_FLOPS = "WORKBOOK_LOCAL_FLOPS"
 
@@ -199,6 +201,8 @@ class OpRecord:
     end_ns: int = 0          # modelled completion: start + modelled
     arrival_ns: int = 0      # the real gloo op completed (every peer had arrived): skew shows here
     first_wait_ns: int = 0   # the rank first waited on it (0: never): the schedule's structure
+    gemms_at_issue: int | None = None   # GEMMs the rank had run when it issued the op, and when
+    gemms_at_wait: int | None = None    # it first waited (program_order.CountGemms; else None)
 
 
 class _LinkState:
@@ -257,6 +261,7 @@ class LinkWork(dist._Work):
             return True
         if not self._record.first_wait_ns:
             self._record.first_wait_ns = time.perf_counter_ns()
+            self._record.gemms_at_wait = gemms_run()
         # the whole wait is blocked time on the compute thread: a late peer (the real gloo op)
         # and the modelled transfer alike, so the trace never counts it as compute
         with torch.profiler.record_function(f"link_wait:{self._record.op}"):
@@ -367,7 +372,7 @@ class LinkedProcessGroup(dist.ProcessGroup):
         n = self.size()                  # the ranks taking part: the group, or a p2p's two
         ranks = self._ranks if peer is None else [self._ranks[self.rank()], self._ranks[peer]]
         rec = OpRecord(0, op, size_bytes, n, async_op, time.perf_counter_ns(),
-                       int(link.op_time(op, size_bytes, ranks) * 1e9))
+                       int(link.op_time(op, size_bytes, ranks) * 1e9), gemms_at_issue=gemms_run())
         held = lanes(op, link.fabrics(op, ranks))
         if op == "recv":                 # placed on the link when the data lands (_ArrivalWatch)
             with STATE.lock:

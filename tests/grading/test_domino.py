@@ -34,6 +34,7 @@ from workbook.grading.checks import assert_equal_on_rank
 from workbook.grading.engine import on_ranks, world_sizes
 from workbook.grading.timing import STRUCTURAL, measure_until_clear
 from workbook.grading.trace_checks import assert_hidden, ranks_hidden_pct, trace_root_fixture
+from workbook.program_order import CountGemms, waited_at_once
 from workbook.tp_stack import HEAD, Stage, TPStack, reference_step, stages, vanilla_tp_forward
 
 FWD_THRESHOLD_PCT = 70.0    # thresholds sit below the reference's lowest figure under load and on
@@ -314,10 +315,10 @@ def _overlap(trace_dir: str) -> dict:
     m.zero_grad()
     dist.barrier()
     before = len(link.op_log())
-    with rank_trace(trace_dir, lab="domino"):
+    with rank_trace(trace_dir, lab="domino"), CountGemms():    # program order: GEMMs between
         lab.train_step(m, x, targets, variant="domino", p=4, step=1)
     ops = [r for r in link.op_log()[before:] if r.op == "all_reduce" and r.async_op]
-    at_once = [r for r in ops if r.first_wait_ns and r.first_wait_ns - r.issued_ns < 0.05 * r.modelled_ns]
+    at_once = [r for r in ops if waited_at_once(r)]          # no GEMM between start and wait
     t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
     result = {"rank": rank, "link": link.current_link().label, "structure": {
         "async_ops": len(ops), "never_waited": sum(not r.first_wait_ns for r in ops),

@@ -32,6 +32,7 @@ from workbook.grading.engine import graded_size, on_ranks, world_sizes
 from workbook.grading.tp_checks import rank_error, ranks_label, raise_if_failed, to_cpu
 from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
     trace_root_fixture
+from workbook.program_order import CountGemms, waited_at_once
 
 LAB = "dp_overlap"
 TIMEOUT_S = 60.0
@@ -42,7 +43,6 @@ BUCKET_BYTES = 32 << 10           # several buckets on the graded model (fc1/fc2
 NAMES = {"naive": "NaiveDP", "bucketed": "BucketedDP", "zero1": "ShardedTrainer(stage=1)",
          "zero2": "ShardedTrainer(stage=2)", "zero3": "Zero3"}
 TOL = dict(rtol=1e-9, atol=1e-12)
-AT_ONCE = 0.05                # waited within 5% of its modelled time after issue: nothing hid it
 EXPOSED_GATHERS = 3           # per pass, gathers nothing can hide: forward, the embedding's (the
                               # first), block 0's (prefetched behind the embedding, a table
                               # lookup) and the head's (behind the final norm); backward, the last
@@ -178,7 +178,7 @@ def _overlap(trace_dir: str, variant: str) -> dict:
         trainer.optimizer_step = timed_step
         dist.barrier()
         before = len(link.op_log())
-        with rank_trace(trace_dir, lab=LAB):
+        with rank_trace(trace_dir, lab=LAB), CountGemms():     # program order: GEMMs between
             trainer.train_step(*(b.to(dev) for b in batches[2]), 2)
     except NotImplementedError as exc:
         return {"rank": rank, "not_implemented": str(exc)}
@@ -195,8 +195,7 @@ def _overlap(trace_dir: str, variant: str) -> dict:
     for phase in ("forward", "backward"):
         o = trace.overlap(t, within=phase)
         mine = [r for r in ops if _phase(r.issued_ns, marks) == phase]
-        at_once = [r for r in mine if r.op == "all_gather" and r.first_wait_ns
-                   and r.first_wait_ns - r.issued_ns < AT_ONCE * r.modelled_ns]
+        at_once = [r for r in mine if r.op == "all_gather" and waited_at_once(r)]
         result[phase] = {
             "pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,
             "exposed_ms": (o.exposed_comm_us - o.skew_us) / 1e3, "skew_ms": o.skew_us / 1e3,

@@ -32,6 +32,7 @@ from workbook.grading.engine import graded_size, on_ranks, world_sizes
 from workbook.grading.tp_checks import rank_error, raise_if_failed, to_cpu
 from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
     trace_root_fixture
+from workbook.program_order import CountGemms, waited_at_once
 
 LAB = "pp_overlap"
 TIMEOUT_S = 60.0
@@ -42,7 +43,6 @@ TOL = dict(rtol=1e-9, atol=1e-12)
 NAMES = {"gpipe": "GPipe (BlockingExecutor)", "1f1b": "1F1B (BlockingExecutor)",
          "1f1b_overlap": "1F1B (OverlappedExecutor)"}
 SCHEDULE_CASES = [(2, 4), (4, 8), (3, 5), (4, 2)]          # (stages p, micro-batches m)
-AT_ONCE = 0.05                # waited within 5% of its modelled time after posting: nothing hid it
 EXPOSED_P2P = 1               # per rank and kind: the first receive (nothing computes before it)
                               # and the last send (nothing computes after it)
 THRESHOLD = 10.0              # % of the steady state's p2p link time hidden: a floor under the
@@ -300,7 +300,7 @@ def _overlap(trace_dir: str, variant: str) -> dict:
         _step(lab, variant, cfg, dev, rows=1)
         dist.barrier()
         before = len(link.op_log())
-        with rank_trace(trace_dir, lab=LAB):
+        with rank_trace(trace_dir, lab=LAB), CountGemms():     # program order: GEMMs between
             _step(lab, variant, cfg, dev, rows=1)
     except NotImplementedError as exc:
         return {"rank": rank, "not_implemented": str(exc)}
@@ -309,9 +309,7 @@ def _overlap(trace_dir: str, variant: str) -> dict:
     ops = [r for r in link.op_log()[before:] if r.op in ("send", "recv")]
     t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
     o = trace.overlap(t, within="steady")
-    at_once = {op: sum(1 for r in ops if r.op == op and r.first_wait_ns
-                       and r.first_wait_ns - r.issued_ns < AT_ONCE * r.modelled_ns)
-               for op in ("send", "recv")}
+    at_once = {op: sum(1 for r in ops if r.op == op and waited_at_once(r)) for op in ("send", "recv")}
     return {"rank": rank, "link": link.current_link().label, "at_once": at_once,
             "count": {op: sum(r.op == op for r in ops) for op in ("send", "recv")},
             "never_waited": sum(1 for r in ops if not r.first_wait_ns),

@@ -32,6 +32,7 @@ from workbook.grading.tp_checks import B, STEP, check_part, cut, grads, ints, ra
     randn, rank_error, ranks_label, run_every_part, run_traced_block, to_cpu
 from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
     trace_root_fixture
+from workbook.program_order import CountGemms, waited_at_once
 
 LAB = "tp_overlap"
 TIMEOUT_S = 120.0
@@ -39,7 +40,6 @@ LINK = "dgx-h100"
 VARIANTS = ("sp", "bulk", "pipelined", "pipelined+bulk", "chunked+bulk")
 FWD_THRESHOLD_PCT = 50.0     # below the reference's lowest figure under load and on one core by a
 BWD_THRESHOLD_PCT = 50.0     # measured margin (README); a wait before the GEMM fails on structure
-AT_ONCE = 0.05               # waited within 5% of its modelled time after issue: nothing hid it
 
 
 # --------------------------------------------------------------------------- rank side
@@ -156,7 +156,7 @@ def _overlap(trace_dir: str) -> dict:
         block.zero_grad(set_to_none=True)
         dist.barrier()
         before = len(link.op_log())
-        with rank_trace(trace_dir, lab=LAB):
+        with rank_trace(trace_dir, lab=LAB), CountGemms():     # program order: GEMMs between
             with torch.profiler.record_function("forward"):
                 y = block(x, step=1)
             middle = time.perf_counter_ns()
@@ -171,8 +171,7 @@ def _overlap(trace_dir: str) -> dict:
     result = {"rank": rank, "link": link.current_link().label}
     for phase in ("forward", "backward"):
         mine = [r for r in ops if (r.issued_ns < middle) == (phase == "forward")]
-        at_once = [r for r in mine if r.first_wait_ns and
-                   r.first_wait_ns - r.issued_ns < AT_ONCE * r.modelled_ns]
+        at_once = [r for r in mine if waited_at_once(r)]     # no GEMM between start and wait
         o = trace.overlap(t, within=phase)
         result[phase] = {
             "pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,

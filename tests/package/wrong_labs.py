@@ -103,8 +103,10 @@ def assert_caught(folder: str, outcome: dict, expected: dict, never=()) -> None:
     "not implemented yet"); no first line of a message holds a word of ``never``."""
     assert outcome, "no grading test ran"
     failed = {name for name, message in outcome.items() if message is not None}
+    surprises = "".join(f"\n{name} failed unexpectedly:\n{outcome[name][:1500]}"
+                        for name in sorted(failed - set(expected)))
     assert failed == set(expected), (
-        f"{folder}: expected exactly {sorted(expected)} to fail, got {sorted(failed)}")
+        f"{folder}: expected exactly {sorted(expected)} to fail, got {sorted(failed)}{surprises}")
     for name, words in expected.items():
         message = outcome[name]
         first = message.split("\n", 1)[0]

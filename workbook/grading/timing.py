@@ -9,8 +9,10 @@ judges in this order (``async_overlap`` and ``domino`` today; every later lab th
 1. **Structure first.** What was issued between an operation's start and its wait is a fact of
    the program, read from the flight recorder, the lab's spies and the trace: an all-reduce
    never started with ``async_op=True``, a wait placed before the compute it should hide
-   behind, a handle never waited on. A structural mistake fails at once, with a message that
-   names it, on every run and under any load.
+   behind, a handle never waited on. "Waited on before compute could hide it" is counted, not
+   timed: the link notes how many GEMMs the rank had run when an op started and when it was
+   first waited on (``workbook.program_order``). A structural mistake fails at once, with a
+   message that names it, on every run and under any load.
 2. **The figure, rank skew excluded.** The overlap figure counts communication as exposed only
    while the rank waited on the *schedule*: time waiting for a peer that issued the same
    operation late (``link: peers late`` spans of the trace, ``Metrics.skew_us``) is excused.
