@@ -219,6 +219,7 @@ class RankPool:
             self._conns.append(parent_end)
             self._procs.append(p)
         self._task_id = 0
+        self._busy = False           # the ranks are running a task this process waits on
         self._generation = 0
         self.closed = False
         self._await_ready(start_timeout)
@@ -250,11 +251,13 @@ class RankPool:
         payload = cloudpickle.dumps((fn, args, kwargs))
         try:
             return self._run_task(payload, link, timeout)
-        except KeyboardInterrupt:               # a notebook's stop button: ranks are mid-task
-            self.close(force=True)
+        except BaseException:
+            if self._busy:     # interrupted mid-task (a notebook's stop button, a test's time
+                self.close(force=True)   # limit): the ranks' late replies must answer no one
             raise
 
     def _run_task(self, payload: bytes, link: str, timeout: float) -> list:
+        self._busy = True
         for conn in self._conns:
             conn.send(("run", self._task_id, payload, link, timeout))
         results: dict[int, object] = {}
@@ -278,12 +281,15 @@ class RankPool:
                                     "traceback": "", "pickled": None}
                     pending.pop(rank)
                     continue
+                if task_id != self._task_id:       # a reply to an earlier task: not this one's
+                    continue
                 pending.pop(rank)
                 if kind == "ok":
                     results[rank] = value
                 else:
                     errors[rank] = value
                     first_error_at = first_error_at or time.monotonic()
+        self._busy = False
         if errors:
             self._recover(pending)
             raise _reraise(_primary(errors), self.world_size)

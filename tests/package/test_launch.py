@@ -105,6 +105,37 @@ def test_a_rank_that_dies_is_reported():
     assert not any(proc.is_alive() for proc in p._procs)
 
 
+def sleeps_then_answers(answer):
+    time.sleep(1.0)
+    return answer
+
+
+class TimeLimit(Exception):
+    """What a test's time limit raises in the waiting thread (pytest-timeout's signal method)."""
+
+
+def test_a_run_interrupted_mid_task_answers_no_later_run():
+    """A test's time limit (or a notebook's stop button) interrupts the wait while the ranks still
+    work: their late replies must never be taken for the next run's answers."""
+    import signal
+    shared = launch.shared_pool(2, "gloo")
+
+    def limit(*_):
+        raise TimeLimit("time limit")
+    old = signal.signal(signal.SIGALRM, limit)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(TimeLimit):
+            shared.run(sleeps_then_answers, "stale", timeout=20)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert shared.closed and not any(p.is_alive() for p in shared._procs)
+    fresh = launch.shared_pool(2, "gloo")                # replaced: it broke
+    assert fresh is not shared
+    assert fresh.run(sleeps_then_answers, "fresh", timeout=20) == ["fresh", "fresh"]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(world_size=0), "--nproc must be at least 1"),
     (dict(world_size=2, backend="nccl"), "backend nccl needs one GPU per rank"),
