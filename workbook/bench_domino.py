@@ -353,14 +353,14 @@ def run_bench(args) -> dict:
     unknown = set(opts["variants"]) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variant(s) {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
+    nnodes = getattr(args, "nnodes", 1)          # callers building args by hand may leave it out
     problems = [msg for bad, msg in (
         (args.batch % args.p, f"--p {args.p} must divide --batch {args.batch}"),
         (not 0 <= args.lookahead < args.p, f"--lookahead {args.lookahead} must be below --p {args.p}"),
         (args.hidden % args.heads, f"--heads {args.heads} must divide --hidden {args.hidden}"),
         (args.heads % args.nproc, f"--nproc {args.nproc} must divide --heads {args.heads}"),
-        (getattr(args, "nnodes", 1) < 1 or args.nproc % getattr(args, "nnodes", 1),
-         f"--nnodes {getattr(args, 'nnodes', 1)} must divide --nproc {args.nproc} (nodes of "
-         f"equal size)"),
+        (nnodes < 1 or args.nproc % nnodes,
+         f"--nnodes {nnodes} must divide --nproc {args.nproc} (nodes of equal size)"),
         (args.ffn % args.nproc, f"--nproc {args.nproc} must divide --ffn {args.ffn}"),
         ("sp" in opts["variants"] and args.seq % args.nproc,
          f"--nproc {args.nproc} must divide --seq {args.seq} (the sp variant shards the sequence)"),
@@ -369,7 +369,6 @@ def run_bench(args) -> dict:
         raise SystemExit("workbook bench domino: " + "; ".join(problems))
     layout, link = resolve(getattr(args, "backend", None), args.link, args.nproc)
     root = args.trace_dir or tempfile.mkdtemp(prefix="domino-bench-")
-    nnodes = getattr(args, "nnodes", 1)
     results = launch.run(_rank_bench, args.nproc, opts, root, backend=layout.backend, link=link,
                          timeout=1800, nnodes=nnodes)
     variants = _combine(results)

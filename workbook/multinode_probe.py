@@ -20,6 +20,7 @@ import os
 import socket
 import time
 
+
 def _where() -> dict:
     """Where this rank runs: torchrun's numbers, its network namespace, the interface and
     address gloo uses; and an all-reduce of rank + 1 over the job."""

@@ -55,10 +55,8 @@ def measure_layouts(tokens: int = 2048, hidden: int = 128, layers: int = 2, repe
     grads = torch.zeros(sizes["dp"] // 4)                      # [layers * 12 h^2 / tp]
     out = {"label": lk.label if lk else "no link", "node": launch.context().node}
     for name, (tp_pairs, dp_pairs) in LAYOUTS.items():
-        tp = next(g for ranks, g in _groups(dist, tp_pairs) if rank in ranks)
-        dp_all = _groups(dist, dp_pairs)
-        dp_ranks, dp = next((ranks, g) for ranks, g in dp_all if rank in ranks)
-        tp_ranks = next(ranks for ranks in tp_pairs if rank in ranks)
+        tp_ranks, tp = next((ranks, g) for ranks, g in _groups(dist, tp_pairs) if rank in ranks)
+        dp_ranks, dp = next((ranks, g) for ranks, g in _groups(dist, dp_pairs) if rank in ranks)
         runs = {"tp_ms": [], "dp_ms": []}
         for _ in range(repeats):
             dist.barrier()

@@ -196,7 +196,7 @@ class RankPool:
         from workbook import flight
         check_nodes(world_size, nnodes)
         self.backend = choose_backend(backend, world_size, link)
-        self.world_size, self.nnodes = world_size, nnodes
+        self.world_size = world_size
         try:
             self._store = dist.TCPStore("127.0.0.1", master_port or 0, world_size + 1,
                                         is_master=True, timeout=timedelta(seconds=60),

@@ -36,7 +36,7 @@ class RankContext:
 
     @property
     def nnodes(self) -> int:
-        return -(-self.world_size // (self.ranks_per_node or self.world_size))
+        return self.world_size // (self.ranks_per_node or self.world_size)
 
 
 _CONTEXT: RankContext | None = None

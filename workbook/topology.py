@@ -116,10 +116,3 @@ class Topology:
         if op in ("broadcast", "reduce"):        # across the network once, inside a node once
             return inside.time(op, size_bytes, m) + across.time(op, size_bytes, k)
         return inside.latency_s + across.latency_s            # barrier: both latencies
-
-    def describe(self, world_size: int) -> str:
-        nodes = -(-world_size // self.ranks_per_node)
-        return (f"{nodes} node(s) x {self.ranks_per_node} ranks: inside a node "
-                f"{self.node.bandwidth_Bps / 1e6:.1f} MB/s, {self.node.latency_s * 1e3:.2f} ms; "
-                f"between nodes {self.network.bandwidth_Bps / 1e6:.1f} MB/s per rank, "
-                f"{self.network.latency_s * 1e3:.2f} ms")

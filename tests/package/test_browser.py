@@ -24,7 +24,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from workbook.multinode import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -50,12 +51,6 @@ RUN_TIMEOUT_S = 300
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
     reason="no Chromium/chromedriver (apt-get install chromium chromium-driver)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http(method: str, url: str, body=None, timeout: float = 60.0):
@@ -162,7 +157,7 @@ class Browser:
         self.work = tmp_path / "lessons"
         shutil.copytree(ROOT / "lessons", self.work,
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-        self.port, self.token = _free_port(), secrets.token_hex(16)
+        self.port, self.token = free_port(), secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         self.lab = self.driver_proc = self.driver = None
         self.log = open(tmp_path / "jupyterlab.log", "w")
@@ -181,7 +176,7 @@ class Browser:
             cwd=self.work, env=env, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
         _wait_until("JupyterLab to answer", lambda: self.api("GET", "status", timeout=5), 90)
-        dport = _free_port()
+        dport = free_port()
         self.driver_proc = subprocess.Popen([CHROMEDRIVER, f"--port={dport}"],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                             start_new_session=True)

@@ -38,11 +38,10 @@ class JobRanks:
         from workbook.ranks import choose_backend, init_rank, threads_per_rank
         self.store, self.rank, self.world = next(dist.rendezvous("env://"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
-        self.local_world = local_world
-        self.backend = choose_backend(backend, local_world, "none")
+        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        self.backend = choose_backend(backend, self.local_world, "none")
         if self.backend == "gloo":
-            torch.set_num_threads(threads_per_rank(local_world))
+            torch.set_num_threads(threads_per_rank(self.local_world))
         self.pg_timeout = timeout + PG_MARGIN_S
         self.generation, self.seq, self.links = 0, 0, {}
         self._init = lambda: init_rank(self.rank, self.world, self.local_rank, self.backend,
