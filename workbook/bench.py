@@ -192,8 +192,9 @@ def source(first: dict, layout) -> str:
         return f"{first['link']} -- SIMULATED numbers"
     where = f"real {first['device']} ({first['backend']}), no simulated link"
     if layout.ranks_per_gpu > 1:
+        copies = "within one GPU" if first["backend"] == "nccl" else "through host memory"
         where += (f"; {layout.ranks_per_gpu} ranks share each GPU: the bandwidth is copies "
-                  f"within one GPU, not an interconnect")
+                  f"{copies}, not an interconnect")
     return where
 
 

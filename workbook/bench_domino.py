@@ -341,8 +341,10 @@ def report(result: dict) -> str:
                      f"measured on {result.get('hardware')} with gloo-cuda: comm = gloo's "
                      f"collectives on the host (CUDA tensors copied through host memory)")
         if result.get("ranks_per_gpu", 1) > 1:
+            copies = ("NCCL's copies stay inside it" if result.get("backend") == "nccl" else
+                      "gloo's copies go through this host's memory")
             lines.append(f"{result['ranks_per_gpu']} ranks share each GPU: their kernels compete "
-                         f"for one GPU, and NCCL's copies stay inside it (no interconnect)")
+                         f"for one GPU, and {copies} (no interconnect)")
     return "\n".join(lines)
 
 

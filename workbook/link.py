@@ -63,6 +63,12 @@ so a CPU run is the real machine in slow motion (the network is scaled the same 
 Mechanics: ``dist.Backend.register_backend`` installs a backend named ``gloo_link`` whose
 process group wraps ``ProcessGroupGloo`` and returns works that add the modelled wait.
 Learners keep writing plain ``dist.all_reduce(t, async_op=True)``.
+
+On GPU ranks that gloo serves (``gloo-cuda``: more ranks than NCCL can place) the same group is
+registered for CUDA tensors as ``gloo_link_cuda``, and it moves them through host memory: gloo
+runs on host copies, and an op's results are copied back to the GPU when it is waited on. (gloo's
+own point-to-point hands a CUDA pointer to the socket and fails, "Bad address"; first GPU run,
+NVIDIA H200.) No link is simulated there: GPU ranks are measured, not modelled.
 """
 from __future__ import annotations
 
@@ -79,6 +85,7 @@ from torch.distributed import distributed_c10d as c10d    # every *Options class
 from workbook.program_order import gemms_run    # the op log's program-order structure
 
 BACKEND_NAME = "gloo_link"
+CUDA_BACKEND_NAME = "gloo_link_cuda"    # the same group, also taking CUDA tensors (gloo-cuda ranks)
 ENV_LOCAL_FLOPS = "WORKBOOK_LOCAL_FLOPS"
 
 
@@ -203,6 +210,7 @@ class OpRecord:
     first_wait_ns: int = 0   # the rank first waited on it (0: never): the schedule's structure
     gemms_at_issue: int | None = None   # GEMMs the rank had run when it issued the op, and when
     gemms_at_wait: int | None = None    # it first waited (program_order.CountGemms; else None)
+    measured: bool = False   # no link modelled (GPU ranks on gloo): start..end is the real op
 
 
 class _LinkState:
@@ -214,6 +222,7 @@ class _LinkState:
         self.free_at_ns: dict = {}    # (fabric, direction) -> when that lane is free again
         self.log: list[OpRecord] = []
         self.seq = 0
+        self.measure = False          # with no link, still log every op as it really ran
 
     def reset(self, link: Link | None) -> None:
         with self.lock:
@@ -226,6 +235,13 @@ STATE = _LinkState()
 def set_link(link: Link | None) -> None:
     """Use ``link`` for the ops issued from now on in this process (all ranks must agree)."""
     STATE.reset(link)
+
+
+def measure_real_ops(on: bool = True) -> None:
+    """With no simulated link, log every op anyway, timed as it really ran (issue to completion),
+    so that a trace names each op with its bytes: GPU ranks on gloo (``gloo-cuda``), whose gloo
+    spans would show a reduce-scatter as the all-reduce it runs on."""
+    STATE.measure = on
 
 
 def current_link() -> Link | None:
@@ -272,13 +288,17 @@ class LinkWork(dist._Work):
             self._finish()
             if not self._record.arrival_ns:
                 self._record.arrival_ns = time.perf_counter_ns()
+            if self._record.measured:
+                self._record.end_ns = self._record.end_ns or self._record.arrival_ns
             delay = (self._record.end_ns - time.perf_counter_ns()) / 1e9
             if delay > 0:
                 time.sleep(delay)
         return True
 
     def is_completed(self):
-        return bool(self._record is None and self._inner.is_completed()) or (
+        if self._record is None or self._record.measured:
+            return bool(self._inner.is_completed())
+        return (
             self._record is not None and self._record.end_ns != 0
             and time.perf_counter_ns() >= self._record.end_ns)
 
@@ -323,7 +343,7 @@ class _ArrivalWatch:
         rec, now = self._record, time.perf_counter_ns()
         with STATE.lock:
             rec.arrival_ns = now
-            if rec.op == "recv":               # a send keeps its place: it left when posted
+            if rec.op == "recv" and not rec.measured:   # a send keeps its place: it left when posted
                 rec.start_ns = max(now, *(STATE.free_at_ns.get(lane, 0) for lane in self._lanes))
                 rec.end_ns = rec.start_ns + rec.modelled_ns
                 for lane in self._lanes:
@@ -348,6 +368,51 @@ def _nbytes(tensors) -> int:
     return total
 
 
+class _HostStaged:
+    """A gloo work on host copies of GPU tensors: ``wait()`` waits for gloo, then copies each
+    result back into the GPU tensor it stands for (the rest of the work's API is gloo's)."""
+
+    def __init__(self, work, copy_back):
+        self.work, self._copy_back = work, copy_back
+
+    def wait(self, timeout=None):
+        self.work.wait()
+        for gpu_tensor, host in self._copy_back:
+            gpu_tensor.copy_(host)
+        self._copy_back = []
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
+def needs_host_copy(tensor: torch.Tensor) -> bool:
+    """Whether gloo must see a host copy of ``tensor`` (it lives on a GPU)."""
+    return tensor.device.type != "cpu"
+
+
+def _to_host(arg, copy_back: list | None):
+    """``arg`` (a tensor, or lists of them) with every GPU tensor replaced by a host copy; the
+    pairs (GPU tensor, host copy) are added to ``copy_back`` when it is a list (an output)."""
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_to_host(a, copy_back) for a in arg)
+    if isinstance(arg, torch.Tensor) and needs_host_copy(arg):
+        host = arg.detach().to("cpu", copy=True)
+        if copy_back is not None:
+            copy_back.append((arg, host))
+        return host
+    return arg
+
+
+def _on_host(method, args: tuple, *rest):
+    """gloo's ``method(*args, *rest)`` on host copies of any GPU tensors in ``args``; the first
+    argument is the op's output (or its in-place buffer), copied back at ``wait()``."""
+    copy_back: list = []
+    host_args = tuple(_to_host(a, copy_back if i == 0 else None) for i, a in enumerate(args))
+    work = method(*host_args, *rest)
+    return _HostStaged(work, copy_back) if copy_back else work
+
+
 class LinkedProcessGroup(dist.ProcessGroup):
     """A process group that runs every op on gloo and charges it to the simulated link.
 
@@ -368,7 +433,8 @@ class LinkedProcessGroup(dist.ProcessGroup):
                 peer: int | None = None):
         link = STATE.link
         if link is None:
-            return LinkWork(inner, None, then=then)
+            return self._measured(op, inner, size_bytes, async_op, then) if STATE.measure \
+                else LinkWork(inner, None, then=then)
         n = self.size()                  # the ranks taking part: the group, or a p2p's two
         ranks = self._ranks if peer is None else [self._ranks[self.rank()], self._ranks[peer]]
         rec = OpRecord(0, op, size_bytes, n, async_op, time.perf_counter_ns(),
@@ -396,10 +462,29 @@ class LinkedProcessGroup(dist.ProcessGroup):
             STATE.log.append(rec)
         return LinkWork(inner, rec, then=then)
 
+    def _measured(self, op: str, inner, size_bytes: int, async_op: bool, then):
+        """No link: the op logged as it really ran, from issue to gloo's completion."""
+        now = time.perf_counter_ns()
+        rec = OpRecord(0, op, size_bytes, self.size(), async_op, now, 0, start_ns=now,
+                       gemms_at_issue=gemms_run(), measured=True)
+        if op in ("send", "recv"):       # gloo's p2p works have no future: a thread watches
+            inner = _ArrivalWatch(inner, rec)
+        else:
+            try:
+                inner.get_future().then(lambda _f: _note_arrival(rec))
+            except Exception:            # a work without a future: arrival is taken at wait()
+                pass
+        with STATE.lock:
+            STATE.seq += 1
+            rec.seq = STATE.seq
+            STATE.log.append(rec)
+        return LinkWork(inner, rec, then=then)
+
     def _collective(self, op: str, method: str, args: tuple, opts, options, size_bytes: int):
         """gloo's ``method(*args, opts)`` (``opts`` defaulting to ``options()``), charged to the
         link as ``op`` of ``size_bytes`` (nccl-tests' size: see the class docstring)."""
-        return self._charge(op, getattr(self._gloo, method)(*args, opts or options()), size_bytes)
+        return self._charge(op, _on_host(getattr(self._gloo, method), args, opts or options()),
+                            size_bytes)
 
     # -- collectives
     def allreduce(self, tensors, opts=None):
@@ -450,6 +535,7 @@ class LinkedProcessGroup(dist.ProcessGroup):
         reduce-scatter's."""
         ar = c10d.AllreduceOptions()
         ar.reduceOp = (opts or c10d.ReduceScatterOptions()).reduceOp
+        summed = _to_host(summed, None)                                  # gloo works on the host
         inner = self._gloo.allreduce([summed], ar)
         piece = summed.view(self.size(), -1)[self.rank()]                # [m]
         return self._charge("reduce_scatter", inner, size_bytes,
@@ -471,13 +557,16 @@ class LinkedProcessGroup(dist.ProcessGroup):
 
     # -- point to point
     def send(self, tensors, dst, tag=0):
-        return self._charge("send", self._gloo.send(tensors, dst, tag), _nbytes(tensors), peer=dst)
+        host = _to_host(tensors, None)
+        return self._charge("send", self._gloo.send(host, dst, tag), _nbytes(tensors), peer=dst)
 
     def recv(self, tensors, src, tag=0):
-        return self._charge("recv", self._gloo.recv(tensors, src, tag), _nbytes(tensors), peer=src)
+        return self._charge("recv", _on_host(self._gloo.recv, (tensors,), src, tag),
+                            _nbytes(tensors), peer=src)
 
     def recv_anysource(self, tensors, tag=0):
-        return self._charge("recv", self._gloo.recv_anysource(tensors, tag), _nbytes(tensors))
+        return self._charge("recv", _on_host(self._gloo.recv_anysource, (tensors,), tag),
+                            _nbytes(tensors))
 
 
 def _create(options, _backend_options=None):
@@ -487,8 +576,15 @@ def _create(options, _backend_options=None):
                               options.timeout, options.global_ranks_in_group)
 
 
-def register() -> None:
-    """Make ``gloo_link`` a torch.distributed backend (idempotent)."""
-    if BACKEND_NAME.upper() not in dist.Backend.backend_list and \
-            BACKEND_NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+def register(cuda: bool = False) -> str:
+    """Make ``gloo_link`` (CPU tensors) or, with ``cuda``, ``gloo_link_cuda`` (CPU and CUDA
+    tensors) a torch.distributed backend (idempotent); returns its name."""
+    name, devices = (CUDA_BACKEND_NAME, ["cpu", "cuda"]) if cuda else (BACKEND_NAME, ["cpu"])
+    if name.upper() not in dist.Backend.backend_list and name not in dist.Backend.backend_list:
+        dist.Backend.register_backend(name, _create, extended_api=True, devices=devices)
+    return name
+
+
+def is_link_backend(name: str) -> bool:
+    """Whether ``dist.get_backend()``'s ``name`` is this wrapper of gloo (either registration)."""
+    return name in (BACKEND_NAME, CUDA_BACKEND_NAME)

@@ -113,10 +113,13 @@ def init_rank(rank, world_size, local_rank, backend, store, generation, timeout_
             os.environ.setdefault(key, value)
         dev = layout.device(local_rank)
         torch.cuda.set_device(torch.device(dev))
-        pg_backend = "nccl" if backend == "nccl" else "gloo"   # plain gloo takes CUDA tensors
+        # gloo-cuda: the gloo wrapper, which moves CUDA tensors through host memory (gloo's own
+        # send/recv hands the socket a GPU pointer and fails)
+        pg_backend = "nccl" if backend == "nccl" else link.register(cuda=True)
     else:
         dev, pg_backend = "cpu", link.BACKEND_NAME
         link.register()
+    link.measure_real_ops(backend == "gloo-cuda")   # no link there: trace each op as it ran
     kwargs = dict(backend=pg_backend, rank=rank, world_size=world_size,
                   timeout=timedelta(seconds=timeout_s))
     if store is not None:

@@ -43,7 +43,8 @@ def test_each_world_size_runs_where_the_plan_says(n, on_gpus):
     for rank, r in enumerate(got):
         assert r["backend"] == layout.backend, f"rank {rank}: started {r['backend']}, planned {layout.backend}"
         assert r["device"] == layout.device(rank) == r["tensor_device"], f"rank {rank}: {r}"
-        assert r["process_group"] == ("nccl" if layout.backend == "nccl" else "gloo"), r
+        # gloo-cuda: the workbook's gloo wrapper, which moves CUDA tensors through host memory
+        assert r["process_group"] == ("nccl" if layout.backend == "nccl" else "gloo_link_cuda"), r
         assert r["all_equal"] and r["sum"] == n * (n + 1) / 2, f"rank {rank}: all-reduce gave {r['sum']}"
         print(f"  rank {rank}: {r['device']} ({r['gpu']}), {r['process_group']}")
 

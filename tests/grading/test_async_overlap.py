@@ -20,6 +20,7 @@ import torch
 from workbook.grading.checks import assert_equal_on_rank
 from workbook.grading.engine import on_ranks, world_sizes
 from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
+from workbook.grading.tp_checks import to_cpu
 from workbook.grading.trace_checks import assert_hidden, trace_root_fixture
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -108,8 +109,18 @@ class _Compute:
 
 
 def _sample(shape, dtype, seed):
+    """A rank's input, on the rank's device (``cuda:N`` on GPU ranks: NCCL takes no CPU tensor)."""
+    from workbook import ranks
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(-20, 21, shape, generator=g).to(dtype)
+    return torch.randint(-20, 21, shape, generator=g).to(ranks.device(), dtype)
+
+
+def _matmul(a, b):
+    """``a @ b``, also for integers on a GPU (CUDA has no int64 matmul): small integers are exact
+    in float64."""
+    if a.is_floating_point() or a.device.type == "cpu":
+        return a @ b
+    return (a.double() @ b.double()).to(a.dtype)
 
 
 def _link_spans(trace_file: str) -> list[dict]:
@@ -166,14 +177,14 @@ def _numerics(exercise: str) -> list[dict]:
                 w = _sample((7, 5), dtype, 7 + rank)
                 expected = []
                 for c in chunks:
-                    y = c @ w
+                    y = _matmul(c, w)
                     dist.all_reduce(y)
                     expected.append(y)
                 seen = []
 
                 def layer(x, seen=seen, w=w):
                     seen.append(x)
-                    return x @ w
+                    return _matmul(x, w)
 
                 with _Spy() as spy:
                     got = lab.pipelined_all_reduce([c.clone() for c in chunks], layer)
@@ -182,7 +193,7 @@ def _numerics(exercise: str) -> list[dict]:
                             "got": list(got) if isinstance(got, (list, tuple)) else got,
                             "expected": expected, "calls": spy.log(), "layer_calls": len(seen),
                             "layer_in_order": in_order})
-    return out
+    return to_cpu(out)
 
 
 def _overlap(exercise: str, trace_dir: str) -> dict:

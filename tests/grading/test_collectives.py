@@ -17,6 +17,7 @@ import torch
 from workbook.grading.checks import P2P, RECVS, SENDS, assert_calls, assert_equal_on_rank, \
     count_rounds, numbers_first
 from workbook.grading.engine import on_ranks, world_sizes
+from workbook.grading.tp_checks import to_cpu
 
 WORLD_SIZES = (1, 2, 3, 4)
 DTYPES = (torch.float32, torch.float64, torch.int64)
@@ -26,17 +27,20 @@ TIMEOUT_S = 60.0
 
 # --------------------------------------------------------------------------- rank side
 def _sample(numel, dtype, seed):
+    """A rank's input, on the rank's device (``cuda:N`` on GPU ranks: NCCL takes no CPU tensor)."""
+    from workbook import ranks
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(-50, 51, (numel,), generator=g).to(dtype)
+    return torch.randint(-50, 51, (numel,), generator=g).to(ranks.device(), dtype)
 
 
 def _run_cases(name: str) -> list[dict]:
     """On every rank: run build ``name`` of the lab under test on all its cases."""
     import torch.distributed as dist
     from workbook.flight import RECORDER
+    from workbook import ranks
     from workbook.grading.labs import load_lab
     lab = load_lab("collectives")
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), ranks.device()
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
     out = []
 
@@ -67,9 +71,9 @@ def _run_cases(name: str) -> list[dict]:
                                mine if rank == root else None,
                                ref if rank == root else None, root=root)
                 elif name == "gather":
-                    ref = [torch.empty(k, dtype=dtype) for _ in range(n)] if rank == root else None
+                    ref = [torch.empty(k, dtype=dtype, device=dev) for _ in range(n)] if rank == root else None
                     dist.gather(x, ref, dst=root)
-                    mine = [torch.full((k,), -1, dtype=dtype) for _ in range(n)] \
+                    mine = [torch.full((k,), -1, dtype=dtype, device=dev) for _ in range(n)] \
                         if rank == root else None
                     RECORDER.reset()
                     lab.gather(x.clone(), mine, dst=root)
@@ -78,10 +82,10 @@ def _run_cases(name: str) -> list[dict]:
                            torch.cat(ref) if rank == root else None, root=root)
                 elif name == "scatter":
                     parts = [_sample(k, dtype, 7 * j + k) for j in range(n)]
-                    ref = torch.empty(k, dtype=dtype)
+                    ref = torch.empty(k, dtype=dtype, device=dev)
                     dist.scatter(ref, parts if rank == root else None, src=root)
                     RECORDER.reset()
-                    got = lab.scatter(torch.full((k,), -1, dtype=dtype),
+                    got = lab.scatter(torch.full((k,), -1, dtype=dtype, device=dev),
                                       parts if rank == root else None, src=root)
                     record(f"scatter(src={root}) of {tag}[{k}] per rank", got, ref, root=root)
             if name == "all_reduce":
@@ -92,11 +96,11 @@ def _run_cases(name: str) -> list[dict]:
                     got = lab.all_reduce(x.clone(), op=op)
                     record(f"all_reduce({op_name}) of {tag}[{k}]", got, ref)
             elif name == "all_gather":
-                ref = torch.zeros(k, dtype=dtype)             # built-in answer, uneven chunks:
+                ref = torch.zeros(k, dtype=dtype, device=dev)           # built-in answer, uneven chunks:
                 torch.tensor_split(ref, n)[rank].copy_(own)   # own chunk in zeros, summed
                 dist.all_reduce(ref)
                 RECORDER.reset()
-                got = lab.all_gather(torch.full((k,), -1, dtype=dtype), own.clone())
+                got = lab.all_gather(torch.full((k,), -1, dtype=dtype, device=dev), own.clone())
                 record(f"all_gather of {tag}[{k}] (chunk of {own.numel()})", got, ref)
             elif name == "reduce_scatter":
                 for op_name, op in ops.items():
@@ -107,7 +111,7 @@ def _run_cases(name: str) -> list[dict]:
                     got = lab.reduce_scatter(torch.full_like(own, -1), x.clone(), op=op)
                     record(f"reduce_scatter({op_name}) of {tag}[{k}] (chunk of {own.numel()})",
                            got, ref)
-    return out
+    return to_cpu(out)
 
 
 def _run_barrier() -> list[dict]:

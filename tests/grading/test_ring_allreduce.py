@@ -12,6 +12,7 @@ import torch
 
 from workbook.grading.checks import RECVS, SENDS, assert_calls, assert_equal_on_rank, numbers_first
 from workbook.grading.engine import on_ranks, world_sizes
+from workbook.grading.tp_checks import to_cpu
 
 WORLD_SIZES = (1, 2, 3, 4)
 DTYPES = (torch.float32, torch.float64, torch.int64)
@@ -22,8 +23,10 @@ OPS = ("sum", "max", "min")
 
 # --------------------------------------------------------------------------- rank side
 def _sample(shape, dtype, seed):
+    """A rank's input, on the rank's device (``cuda:N`` on GPU ranks: NCCL takes no CPU tensor)."""
+    from workbook import ranks
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(-50, 51, shape, generator=g).to(dtype)
+    return torch.randint(-50, 51, shape, generator=g).to(ranks.device(), dtype)
 
 
 def _run(what: str) -> list[dict]:
@@ -59,7 +62,7 @@ def _run(what: str) -> list[dict]:
                 else:                                   # ring_all_gather
                     if op_name != "sum":
                         continue
-                    mine = torch.full((k,), -7, dtype=dtype)           # junk but the owned chunk
+                    mine = torch.full((k,), -7, dtype=dtype, device=x.device)           # junk but the owned chunk
                     idx = (rank + 1) % n
                     torch.tensor_split(mine, n)[idx].copy_(torch.tensor_split(full.view(-1), n)[idx])
                     lab.ring_all_gather(torch.tensor_split(mine, n))
@@ -69,7 +72,7 @@ def _run(what: str) -> list[dict]:
                             "elsize": x.element_size(), "counts": RECORDER.counts(),
                             "calls": [(c.name, c.peer, c.size_bytes) for c in RECORDER.calls],
                             **extra})
-    return out
+    return to_cpu(out)
 
 
 # --------------------------------------------------------------------------- test side

@@ -197,3 +197,105 @@ def test_ranks_in_nodes_pay_the_fabric_their_group_spans():
 def test_nodes_must_split_the_ranks_evenly():
     with pytest.raises(ValueError, match="3 ranks do not split into 2 nodes"):
         launch.run(ops_in_nodes, 3, backend="gloo", nnodes=2)
+
+
+def every_op_through_host_copies():
+    """Each op with every tensor staged through a host copy, as GPU tensors are on gloo-cuda
+    ranks (``link.needs_host_copy`` says yes to CPU tensors here): results land in the caller's
+    tensors, inputs are left alone."""
+    staged, real = [], link.needs_host_copy
+    link.needs_host_copy = lambda tensor: staged.append(tensor.numel()) or True
+    try:
+        got = _every_op()
+    finally:
+        link.needs_host_copy = real                     # the pool's rank goes on as it was
+    got["staged"] = len(staged)
+    return got
+
+
+def _every_op() -> dict:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x = torch.arange(6, dtype=torch.float64) + 10 * rank
+    got = {}
+    t = x.clone(); dist.all_reduce(t); got["all_reduce"] = t
+    t = x.clone(); dist.all_reduce(t, async_op=True).wait(); got["all_reduce_async"] = t
+    t = x.clone(); dist.broadcast(t, src=1); got["broadcast"] = t
+    t = x.clone(); dist.reduce(t, dst=0); got["reduce"] = t if rank == 0 else None
+    parts = [torch.empty(6, dtype=torch.float64) for _ in range(n)]
+    dist.all_gather(parts, x); got["all_gather"] = torch.cat(parts)
+    out = torch.empty(6 * n, dtype=torch.float64)
+    dist.all_gather_into_tensor(out, x); got["all_gather_into_tensor"] = out
+    piece = torch.empty(6 // n, dtype=torch.float64)
+    dist.reduce_scatter_tensor(piece, x); got["reduce_scatter_tensor"] = piece
+    gathered = [torch.empty(6, dtype=torch.float64) for _ in range(n)] if rank == 0 else None
+    dist.gather(x, gathered, dst=0); got["gather"] = torch.cat(gathered) if rank == 0 else None
+    mine = torch.empty(6, dtype=torch.float64)
+    dist.scatter(mine, [x + j for j in range(n)] if rank == 0 else None, src=0)
+    got["scatter"] = mine
+    a2a = torch.empty(6, dtype=torch.float64)
+    dist.all_to_all_single(a2a, x); got["all_to_all_single"] = a2a
+    inbox, peer = torch.zeros(6, dtype=torch.float64), (rank + 1) % n
+    works = [dist.isend(x, peer), dist.irecv(inbox, (rank - 1) % n)]
+    for w in works:
+        w.wait()
+    got["ring_exchange"] = inbox
+    got["input_untouched"] = torch.equal(x, torch.arange(6, dtype=torch.float64) + 10 * rank)
+    return got
+
+
+def test_gpu_tensors_go_through_host_copies_with_the_same_results():
+    n = 2
+    res = launch.run(every_op_through_host_copies, n, backend="gloo", pool=True)
+    xs = [torch.arange(6, dtype=torch.float64) + 10 * r for r in range(n)]
+    total = sum(xs)
+    for rank, got in enumerate(res):
+        assert got["input_untouched"], f"rank {rank}: an input was overwritten"
+        assert got["staged"] >= 12, f"rank {rank}: only {got['staged']} tensors went through the host"
+        expect = {"all_reduce": total, "all_reduce_async": total, "broadcast": xs[1],
+                  "reduce": total if rank == 0 else None, "all_gather": torch.cat(xs),
+                  "all_gather_into_tensor": torch.cat(xs),
+                  "reduce_scatter_tensor": total.view(n, -1)[rank],
+                  "gather": torch.cat(xs) if rank == 0 else None, "scatter": xs[0] + rank,
+                  "all_to_all_single": torch.cat([x.view(n, -1)[rank] for x in xs]),
+                  "ring_exchange": xs[(rank - 1) % n]}
+        for op, want in expect.items():
+            if want is None:
+                assert got[op] is None
+            else:
+                assert torch.equal(got[op], want), f"rank {rank}: {op}: {got[op]} != {want}"
+
+
+def traced_ops_measured(trace_dir):
+    """No simulated link, ops logged as they really ran (``link.measure_real_ops``, as on GPU
+    ranks over gloo): the trace's collectives, named and sized."""
+    from workbook import trace
+    from workbook.trace.capture import rank_trace
+    rank, n = dist.get_rank(), dist.get_world_size()
+    link.set_link(None)
+    link.measure_real_ops(True)
+    try:
+        x, out = torch.ones(6), torch.empty(6 * n)
+        dist.barrier()
+        with rank_trace(trace_dir, lab="link"):
+            dist.all_gather_into_tensor(out, x)
+            dist.reduce_scatter_tensor(x, out)
+            dist.all_reduce(x, async_op=True).wait()
+            works = [dist.isend(x, (rank + 1) % n), dist.irecv(torch.empty(6), (rank - 1) % n)]
+            for w in works:
+                w.wait()
+    finally:
+        link.measure_real_ops(False)
+    t = trace.load_trace(f"{trace_dir}/rank{rank}.trace.json")
+    return trace.collectives(t)
+
+
+def test_ops_without_a_link_are_traced_as_they_ran(tmp_path):
+    """On GPU ranks over gloo no link is simulated, yet the trace must still say which ops ran
+    with how many bytes: a reduce-scatter is not the all-reduce gloo runs it on (first GPU run)."""
+    for rank, got in enumerate(launch.run(traced_ops_measured, 2, str(tmp_path), backend="gloo",
+                                          pool=True)):
+        assert got == {"all_gather": {"count": 1, "bytes": 48},
+                       "reduce_scatter": {"count": 1, "bytes": 48},
+                       "all_reduce": {"count": 1, "bytes": 24},
+                       "send": {"count": 1, "bytes": 24}, "recv": {"count": 1, "bytes": 24}}, \
+            f"rank {rank}: {got}"

@@ -55,7 +55,7 @@ def run(trace_dir=None, impl=None) -> dict:
             for name, fn in (("your ring", lab.ring_all_reduce), ("built-in", dist.all_reduce)):
                 with torch.profiler.record_function(name):
                     fn(x.clone())
-    backend = "gloo" if dist.get_backend() == link.BACKEND_NAME else dist.get_backend()
+    backend = "gloo" if link.is_link_backend(dist.get_backend()) else dist.get_backend()
     return {"rank": dist.get_rank(), "world_size": n, "backend": backend,
             "link": sim.label if sim else None, "rows": rows}
 

@@ -83,7 +83,7 @@ def run_metadata(lab: str, run_id: str) -> dict:
     backend = dist.get_backend() if dist.is_initialized() else "none"
     return {"run_id": run_id, "lab": lab,
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-            "backend": "gloo" if backend == link.BACKEND_NAME else backend,
+            "backend": "gloo" if link.is_link_backend(backend) else backend,
             "link": lk.describe() if lk else {"preset": "none", "simulated": False},
             "hardware": hardware(), "torch": torch.__version__, "created": time.time()}
 
@@ -97,11 +97,23 @@ def link_events(records, pid, offset_us: float, since_ns: int) -> list[dict]:
 
     An op whose real gloo transfer finished after its modelled end (a peer issued it late, or
     loopback gloo was slower than the model) also gets a span from the modelled end to the real
-    finish on a second thread, ``link: peers late``: the rank skew the analysis sets apart."""
+    finish on a second thread, ``link: peers late``: the rank skew the analysis sets apart.
+    Ops logged with no link modelled (``link.measure_real_ops``: GPU ranks on gloo) are drawn as
+    they really ran, from issue to completion (``args.measured``)."""
     events = [{"ph": "M", "name": "thread_name", "pid": pid, "tid": "link", "args": {"name": "link"}},
               {"ph": "M", "name": "thread_name", "pid": pid, "tid": LATE_TID,
                "args": {"name": LATE_TID}}]
     for r in records:
+        if r.measured:                 # no link modelled: the op as it really ran
+            end = r.end_ns or r.arrival_ns
+            if end >= since_ns and end:
+                events.append({"ph": "X", "cat": "link", "name": r.op, "pid": pid, "tid": "link",
+                               "ts": r.start_ns / 1000 + offset_us,
+                               "dur": (end - r.start_ns) / 1000,
+                               "args": {"bytes": r.size_bytes, "seq": r.seq, "measured": True,
+                                        "group_size": r.group_size, "async": r.async_op,
+                                        "issued_ts": r.issued_ns / 1000 + offset_us}})
+            continue
         if r.end_ns < since_ns or r.modelled_ns == 0:
             continue
         events.append({"ph": "X", "cat": "link", "name": r.op, "pid": pid, "tid": "link",
