@@ -61,7 +61,7 @@ Conventions of the builds
 -------------------------
 * Tensors are changed in place, as in torch.distributed; each build also returns its result.
 * ``op`` is ``dist.ReduceOp.SUM``, ``MAX`` or ``MIN``; ``combine(acc, other, op)`` (given, from
-  ``workbook.reduce_ops``) applies it in place: ``acc <- acc (op) other``.
+  ``workbook.communication.reduce_ops``) applies it in place: ``acc <- acc (op) other``.
 * Chunks: ``all_gather`` and ``reduce_scatter`` view a flat buffer of K elements as
   ``torch.tensor_split(buffer, n)``: the first K % n chunks have one element more than the
   others (K = 10, n = 4 gives 3, 3, 2, 2). Rank r owns chunk r. That is the rule of
@@ -77,7 +77,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from workbook.reduce_ops import MAX, SUM, combine   # given: see the conventions above
+from workbook.communication.reduce_ops import MAX, SUM, combine   # given: see the conventions above
 
 
 # --------------------------------------------------------------------------- helpers (given)

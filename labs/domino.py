@@ -42,7 +42,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from workbook.tp_stack import (HEAD, Stage, TPStack, compute_A, compute_B, even_slices, finish,
+from workbook.tensor_parallel.layer_stack import (HEAD, Stage, TPStack, compute_A, compute_B, even_slices, finish,
                                head_loss, pre_norm, stages, vanilla_tp_forward)
 
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")     # kernels start in launch order (lesson 6)

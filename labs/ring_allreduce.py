@@ -38,7 +38,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from workbook.reduce_ops import SUM, combine   # given: combine(acc, other, op): acc <- acc (op) other
+from workbook.communication.reduce_ops import SUM, combine   # given: combine(acc, other, op): acc <- acc (op) other
 
 
 # --------------------------------------------------------------------------- helpers (given)

@@ -51,8 +51,8 @@ from torch import nn
 from workbook.model import ModelConfig, dropout_mask
 from workbook.model import ops as model_ops    # (not "ops": cloudpickle would mistake it for torch.ops)
 from workbook.model.reference import make_norm, rope_tables
-from workbook.tp import conjugate_op, local_param, mark_sequence_parallel, rank_device, \
-    sequence_range, tp_world_size, vocab_parallel_cross_entropy, vocab_range
+from workbook.tensor_parallel.mappings import conjugate_op, local_param, mark_sequence_parallel, sequence_range, tp_world_size, vocab_parallel_cross_entropy, vocab_range
+from workbook.runtime import ranks
 
 
 # --------------------------------------------------------------------------- 1. sequence collectives
@@ -80,7 +80,8 @@ def reduce_scatter_sequence(x: torch.Tensor) -> torch.Tensor:
 def gather_from_sequence_parallel_region(x: torch.Tensor) -> torch.Tensor:
     """Enter a parallel region from sequence shards: all-gather forward; reduce-scatter backward
     (each rank's gradient of the gathered input is a partial sum over its column slice)."""
-    # TODO: workbook.tp.conjugate_op(x, forward, backward) with the functions above
+    # TODO: workbook.tensor_parallel.mappings.conjugate_op(x, forward, backward) with the functions
+    #       above
     raise NotImplementedError("not implemented yet: sp.gather_from_sequence_parallel_region")
 
 
@@ -184,7 +185,7 @@ class SPBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None):
         super().__init__()
         cfg.validate(tp=tp_world_size(), sequence_parallel=True)
-        device = device or rank_device()
+        device = device or ranks.device()
         self.cfg, self.layer, self.name = cfg, layer, f"blocks.{layer}"
         self.norm1 = sp_norm(cfg, f"{self.name}.norm1", device)
         self.attn = SPAttention(cfg, layer, device)
@@ -211,7 +212,7 @@ class SPEmbedding(nn.Module):
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
         cfg.validate(tp=tp_world_size(), sequence_parallel=True)
-        device = device or rank_device()
+        device = device or ranks.device()
         self.cfg, self.name = cfg, "embed"
         self.tok = nn.Module()
         self.tok.weight = local_param(cfg, "embed.tok.weight", device)
@@ -235,7 +236,7 @@ class SPModel(nn.Module):
         raise NotImplementedError("not implemented yet: sp.SPModel.__init__")
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, step: int = 0) -> torch.Tensor:
-        # TODO: as lab 4's model; workbook.tp has the vocab-parallel loss
+        # TODO: as lab 4's model; workbook.tensor_parallel.mappings has the vocab-parallel loss
         raise NotImplementedError("not implemented yet: sp.SPModel.forward")
 
 

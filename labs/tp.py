@@ -50,8 +50,8 @@ from torch import nn
 from workbook.model import ModelConfig, dropout_mask
 from workbook.model import ops as model_ops    # (not "ops": cloudpickle would mistake it for torch.ops)
 from workbook.model.reference import make_norm, rope_tables
-from workbook.tp import all_reduce_sum, conjugate_op, gather_last_dim, local_param, rank_device, \
-    split_last_dim, tp_world_size, vocab_range
+from workbook.tensor_parallel.mappings import all_reduce_sum, conjugate_op, gather_last_dim, local_param, split_last_dim, tp_world_size, vocab_range
+from workbook.runtime import ranks
 
 
 # --------------------------------------------------------------------------- 1. the conjugate ops
@@ -85,7 +85,8 @@ reduce_from_tensor_parallel_region = _ReduceFromTensorParallelRegion.apply  # g
 
 def scatter_to_tensor_parallel_region(x: torch.Tensor) -> torch.Tensor:
     """Keep this rank's slice of the last dim; backward all-gathers the slices' gradients."""
-    # TODO: workbook.tp.conjugate_op(x, forward, backward) with the two given helpers
+    # TODO: workbook.tensor_parallel.mappings.conjugate_op(x, forward, backward) with the two given
+    #       helpers
     raise NotImplementedError("not implemented yet: tp.scatter_to_tensor_parallel_region")
 
 
@@ -176,7 +177,7 @@ class TPBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None):
         super().__init__()
         cfg.validate(tp=tp_world_size())
-        device = device or rank_device()
+        device = device or ranks.device()
         self.cfg, self.layer, self.name = cfg, layer, f"blocks.{layer}"
         self.norm1 = make_norm(cfg, f"{self.name}.norm1").to(device)
         self.norm2 = make_norm(cfg, f"{self.name}.norm2").to(device)
@@ -232,7 +233,7 @@ class TPModel(nn.Module):
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
         cfg.validate(tp=tp_world_size())
-        device = device or rank_device()
+        device = device or ranks.device()
         self.cfg, self.name = cfg, ""
         # TODO: embed, blocks (nn.ModuleList), norm_f (make_norm), head
         raise NotImplementedError("not implemented yet: tp.TPModel.__init__")

@@ -28,7 +28,7 @@ import textwrap
 import plotly.graph_objects as go
 import torch
 
-from workbook import colors
+from workbook.trace import colors
 from workbook.lessons import on_ranks
 
 print("torch", torch.__version__, "| CPU cores:", os.cpu_count(),
@@ -107,10 +107,10 @@ print(proc.stdout or proc.stderr[-2000:])
 os.remove(script)
 
 # %% [markdown]
-# ## Ranks from a notebook: `workbook.launch`
+# ## Ranks from a notebook: `workbook.runtime.launch`
 #
 # A notebook cannot be started by `torchrun`, so the workbook's launcher starts the ranks
-# instead: `workbook.launch.run(fn, world_size)` spawns the processes, forms the process group,
+# instead: `workbook.runtime.launch.run(fn, world_size)` spawns the processes, forms the process group,
 # calls `fn()` on every rank and returns their results as a list indexed by rank. A function you
 # define here travels to the ranks *by value*, so edit it and run again.
 # `workbook.lessons.on_ranks(fn, n)` does the same on ranks kept warm between calls, so

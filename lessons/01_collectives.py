@@ -28,7 +28,8 @@ import ipywidgets as W
 import plotly.graph_objects as go
 from IPython.display import display
 
-from workbook import colors, link
+from workbook import link
+from workbook.trace import colors
 from workbook.lessons import buffers_figure, check_your_work, on_ranks
 
 N = 4          # ranks used by the cells below

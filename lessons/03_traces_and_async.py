@@ -21,7 +21,8 @@ import ipywidgets as W
 import plotly.graph_objects as go
 from IPython.display import display
 
-from workbook import colors, link, trace
+from workbook import link, trace
+from workbook.trace import colors
 from workbook.lessons import check_your_work, on_ranks
 
 RANKS = 2

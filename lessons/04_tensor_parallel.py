@@ -26,7 +26,8 @@ import plotly.graph_objects as go
 import torch
 from IPython.display import display
 
-from workbook import colors, link, trace
+from workbook import link, trace
+from workbook.trace import colors
 from workbook.lessons import check_your_work, on_ranks
 from workbook.trace.analyse import phase_ranges
 
@@ -209,7 +210,7 @@ display(W.VBox([W.HBox([sliders["hidden"], sliders["seq"], sliders["batch"]]),
 # ## Your block on 2 ranks
 #
 # The `tp` lab builds all of the above from the reference model's weights. Its figures
-# (`workbook.reports.tp`, what `workbook run tp` prints after the grader's checks) run one TP
+# (`workbook.tensor_parallel.tp_report`, what `workbook run tp` prints after the grader's checks) run one TP
 # block (fp64, `B=2, S=16, H=64`), trace a forward and a backward pass
 # (`record_function("forward")` and `"backward"`), and measure the activation memory each rank
 # keeps for backward. Below they run on warm ranks over the simulated DGX-H100 link: first
@@ -217,7 +218,7 @@ display(W.VBox([W.HBox([sliders["hidden"], sliders["seq"], sliders["batch"]]),
 # your numbers are *right* is the grader's question: the last cell of this lesson.)
 
 # %%
-from workbook.reports import tp as report
+from workbook.tensor_parallel import tp_report as report
 
 runs = Path(tempfile.mkdtemp(prefix="lesson4-"))
 source, results = "your labs/tp.py", None

@@ -28,7 +28,8 @@ import torch
 from IPython.display import display
 from plotly.subplots import make_subplots
 
-from workbook import colors, trace
+from workbook import trace
+from workbook.trace import colors
 from workbook.lessons import buffers_figure, check_your_work, on_ranks
 from workbook.link import bus_factor
 
@@ -247,7 +248,7 @@ display(W.VBox([W.HBox([hid, seq, bat]), W.HBox([heads, tp]), mem_out]))
 #
 # ## Your lab on 2 ranks
 #
-# The cell below runs the lab's figures (`workbook.reports.sp`, what `workbook run sp` prints
+# The cell below runs the lab's figures (`workbook.tensor_parallel.sp_report`, what `workbook run sp` prints
 # after the grader's checks) on your `labs/sp.py`, on 2 warm ranks over the simulated DGX-H100
 # link: one SP block forward, backward and gradient sync under the profiler (one trace per
 # rank), and the bytes its autograd saves measured against lab 4's TP block. Until the lab is
@@ -255,7 +256,7 @@ display(W.VBox([W.HBox([hid, seq, bat]), W.HBox([heads, tp]), mem_out]))
 # labelled as such. (Whether your numbers are *right* is the grader's question: the last cell.)
 
 # %%
-from workbook.reports import sp as report
+from workbook.tensor_parallel import sp_report as report
 
 runs = Path(tempfile.mkdtemp(prefix="lesson5-"))
 who = "your labs/sp.py"

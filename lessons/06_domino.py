@@ -24,10 +24,12 @@ import plotly.graph_objects as go
 import torch
 from IPython.display import display
 
-from workbook import colors, domino_measure, domino_plan, link, trace
+from workbook import link, trace
+from workbook.trace import colors
+from workbook.tensor_parallel import domino_measure, domino_plan
 from workbook.grading.labs import load_lab
 from workbook.lessons import check_your_work, on_ranks
-from workbook.tp_stack import stages
+from workbook.tensor_parallel.layer_stack import stages
 
 RANKS, PRESET, P, BATCH = 2, "dgx-h100", 4, 16
 MODEL = dict(hidden=1024, heads=16, ffn_hidden=4096, n_layers=1, seq_len=128, vocab_size=1024)

@@ -26,7 +26,8 @@ import plotly.graph_objects as go
 from IPython.display import display
 from plotly.subplots import make_subplots
 
-from workbook import colors, link, trace
+from workbook import link, trace
+from workbook.trace import colors
 from workbook.grading.labs import load_lab
 from workbook.lessons import check_your_work, on_ranks
 
@@ -397,7 +398,7 @@ for i, m in enumerate(measured[0]):
 # with the model.
 
 # %%
-from workbook import node_placement
+from workbook.runtime import node_placement
 
 TOKENS, HIDDEN, LAYERS = 1024, 128, 2
 sizes = node_placement.step_bytes(TOKENS, HIDDEN, LAYERS)

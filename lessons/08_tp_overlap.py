@@ -37,9 +37,11 @@ import plotly.graph_objects as go
 from IPython.display import display
 from plotly.subplots import make_subplots
 
-from workbook import bench_tp_overlap, colors, link, trace
+from workbook import link, trace
+from workbook.tensor_parallel import tp_overlap_bench
+from workbook.trace import colors
 from workbook.lessons import check_your_work, on_ranks
-from workbook.reports import where_measured
+from workbook.measure.output import where_measured
 
 PRESET = "dgx-h100"
 runs = Path(tempfile.mkdtemp(prefix="lesson8-"))
@@ -109,7 +111,7 @@ def ring_run(run_dir, impl, s=128, hidden=512, out=4096, batch=4):
     from torch.profiler import record_function
 
     from workbook.grading.labs import load_lab
-    from workbook.sequence_parallel import all_gather_sequence
+    from workbook.tensor_parallel.sequence_parallel import all_gather_sequence
     from workbook.trace.capture import rank_trace
     lab = load_lab("tp_overlap", impl)
     n, r = dist.get_world_size(), dist.get_rank()
@@ -310,9 +312,9 @@ if bench_impl == "labs":
         bench_impl = "solutions"
         print(f"Your OverlapBlock does not run every variant yet ({problem}): benchmarking the REFERENCE.")
 SMALL = dict(hidden=512, heads=8, ffn=2048, layers=1, batch=4, seq=256, vocab=512, p=4)
-bench = bench_tp_overlap.measure(impl=bench_impl, nproc=2, link=PRESET, steps=3, warmup=1, **SMALL)
-print(bench_tp_overlap.report(bench))
-bench_tp_overlap.figure(bench)
+bench = tp_overlap_bench.measure(impl=bench_impl, nproc=2, link=PRESET, steps=3, warmup=1, **SMALL)
+print(tp_overlap_bench.report(bench))
+tp_overlap_bench.figure(bench)
 
 # %% [markdown]
 # Read the table by its columns. `link ms` is how long the link was busy. `bulk` carries more

@@ -37,11 +37,12 @@ import plotly.graph_objects as go
 from IPython.display import display
 from plotly.subplots import make_subplots
 
-from workbook import colors, link, trace
+from workbook import link, trace
+from workbook.trace import colors
 from workbook.data_parallel import STAGE, predicted_memory
 from workbook.lessons import check_your_work, on_ranks
 from workbook.model import ModelConfig, ReferenceModel, grads_by_name, make_batch
-from workbook.reports import where_measured
+from workbook.measure.output import where_measured
 
 PRESET = "dgx-h100"
 MODEL = dict(hidden=256, heads=4, ffn_hidden=1024, n_layers=2, seq_len=256, vocab_size=512)
@@ -183,7 +184,7 @@ def dp_step(run_dir, impl, variant, model, batch, bucket_bytes=None, steps=1):
     import torch.distributed as dist
 
     from workbook import link
-    from workbook.domino_measure import recalibrate
+    from workbook.measure.calibration import recalibrate
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig, make_batch
     from workbook.trace.capture import rank_trace

@@ -32,13 +32,14 @@ import numpy as np
 import plotly.graph_objects as go
 from IPython.display import display
 
-from workbook import colors, link, trace
+from workbook import link, trace
+from workbook.trace import colors
 from workbook.grading.labs import load_lab
 from workbook.lessons import check_your_work, on_ranks
 from workbook.model import ModelConfig
-from workbook.pipeline import (ScheduleError, Timeline, activation_shape, bubble_fraction,
+from workbook.pipeline_parallel import (ScheduleError, Timeline, activation_shape, bubble_fraction,
                                check_schedule, peak_in_flight, phases, simulate, stage_units)
-from workbook.reports import where_measured
+from workbook.measure.output import where_measured
 from workbook.trace import intervals as iv
 
 PRESET = "dgx-h100"
@@ -51,7 +52,7 @@ runs = Path(tempfile.mkdtemp(prefix="lesson10-"))
 # %% [markdown]
 # ## 1. Cutting the model by depth
 #
-# `workbook.pipeline.stage_units` decides which layers each stage holds: the blocks split as
+# `workbook.pipeline_parallel.stage_units` decides which layers each stage holds: the blocks split as
 # evenly as possible, the embedding on the first stage, the final norm and the LM head on the
 # last. `PipelineStage` builds those layers with the reference model's weights, so a pipeline
 # can be checked against one device number for number.
@@ -708,7 +709,7 @@ def pp_steps(run_dir, impl, model, m, rows, variants, warmup, takes=2):
     import torch.distributed as dist
 
     from workbook import link
-    from workbook.domino_measure import recalibrate
+    from workbook.measure.calibration import recalibrate
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig, make_batch
     from workbook.trace.capture import rank_trace

@@ -36,11 +36,12 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from workbook import colors, link, trace
+from workbook import link, trace
+from workbook.trace import colors
 from workbook.context_parallel import CAUSAL, FULL, Partial, contiguous_layout, finish
 from workbook.grading.labs import load_lab
 from workbook.lessons import check_your_work, on_ranks
-from workbook.reports import where_measured
+from workbook.measure.output import where_measured
 
 PRESET, RANKS = "dgx-h100", 2
 RUN_SHAPE = dict(B=1, h=4, d=64)            # batch, heads, head width of the runs on ranks (fp32)
@@ -586,7 +587,7 @@ def ring_step(run_dir, impl, S, splits, B=1, h=4, d=64):
 
     from workbook import link, trace
     from workbook.context_parallel import Layout, contiguous_layout
-    from workbook.domino_measure import recalibrate
+    from workbook.measure.calibration import recalibrate
     from workbook.grading.labs import load_lab
     from workbook.trace.capture import rank_trace
     lab, rank, n, now = load_lab("cp_ring", impl), dist.get_rank(), dist.get_world_size(), \

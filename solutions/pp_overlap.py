@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from workbook.pipeline import B, F, StageExecutor
+from workbook.pipeline_parallel import B, F, StageExecutor
 
 
 # --------------------------------------------------------------------------- 1. schedules
@@ -61,7 +61,7 @@ SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
 
 
 def all_stages(schedule, p: int, m: int) -> list[list[tuple]]:
-    """Every stage's actions: what ``workbook.pipeline.check_schedule`` and ``simulate`` read."""
+    """Every stage's actions: what ``workbook.pipeline_parallel.check_schedule`` and ``simulate`` read."""
     return [schedule(p, m, s) for s in range(p)]
 
 

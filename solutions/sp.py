@@ -15,8 +15,8 @@ from torch import nn
 from workbook.model import ModelConfig, dropout_mask
 from workbook.model import ops as model_ops    # (not "ops": cloudpickle would mistake it for torch.ops)
 from workbook.model.reference import make_norm, rope_tables
-from workbook.tp import conjugate_op, local_param, mark_sequence_parallel, rank_device, \
-    sequence_range, tp_world_size, vocab_parallel_cross_entropy, vocab_range
+from workbook.tensor_parallel.mappings import conjugate_op, local_param, mark_sequence_parallel, sequence_range, tp_world_size, vocab_parallel_cross_entropy, vocab_range
+from workbook.runtime import ranks
 
 
 # --------------------------------------------------------------------------- 1. sequence collectives
@@ -54,7 +54,7 @@ def reduce_scatter_sequence(x: torch.Tensor) -> torch.Tensor:
 def gather_from_sequence_parallel_region(x: torch.Tensor) -> torch.Tensor:
     """Enter a parallel region from sequence shards: all-gather forward; reduce-scatter backward
     (each rank's gradient of the gathered input is a partial sum over its column slice)."""
-    ### BEGIN SOLUTION hint: workbook.tp.conjugate_op(x, forward, backward) with the functions above
+    ### BEGIN SOLUTION hint: workbook.tensor_parallel.mappings.conjugate_op(x, forward, backward) with the functions above
     return conjugate_op(x, forward=all_gather_sequence, backward=reduce_scatter_sequence)
     ### END SOLUTION
 
@@ -175,7 +175,7 @@ class SPBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None):
         super().__init__()
         cfg.validate(tp=tp_world_size(), sequence_parallel=True)
-        device = device or rank_device()
+        device = device or ranks.device()
         self.cfg, self.layer, self.name = cfg, layer, f"blocks.{layer}"
         self.norm1 = sp_norm(cfg, f"{self.name}.norm1", device)
         self.attn = SPAttention(cfg, layer, device)
@@ -210,7 +210,7 @@ class SPEmbedding(nn.Module):
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
         cfg.validate(tp=tp_world_size(), sequence_parallel=True)
-        device = device or rank_device()
+        device = device or ranks.device()
         self.cfg, self.name = cfg, "embed"
         self.tok = nn.Module()
         self.tok.weight = local_param(cfg, "embed.tok.weight", device)
@@ -240,7 +240,7 @@ class SPModel(nn.Module):
         super().__init__()
         ### BEGIN SOLUTION hint: validate (sequence_parallel=True); embed, blocks, norm_f (sp_norm), head
         cfg.validate(tp=tp_world_size(), sequence_parallel=True)
-        device = device or rank_device()
+        device = device or ranks.device()
         self.cfg, self.name = cfg, ""
         self.embed = SPEmbedding(cfg, device)
         self.blocks = nn.ModuleList(SPBlock(cfg, i, device) for i in range(cfg.n_layers))
@@ -250,7 +250,7 @@ class SPModel(nn.Module):
         ### END SOLUTION
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, step: int = 0) -> torch.Tensor:
-        ### BEGIN SOLUTION hint: as lab 4's model; workbook.tp has the vocab-parallel loss
+        ### BEGIN SOLUTION hint: as lab 4's model; workbook.tensor_parallel.mappings has the vocab-parallel loss
         h = self.embed(tokens)
         for block in self.blocks:
             h = block(h, step)

@@ -20,10 +20,11 @@ from torch import nn
 from workbook.model import ModelConfig
 from workbook.model import ops as model_ops    # (not "ops": cloudpickle would mistake it for torch.ops)
 from workbook.model.reference import rope_tables
-from workbook.sequence_parallel import SequenceParallelBlock, ShardedLinear, all_gather_sequence, \
+from workbook.tensor_parallel.sequence_parallel import SequenceParallelBlock, ShardedLinear, all_gather_sequence, \
     reduce_scatter_sequence, start_all_gather_sequence, start_reduce_scatter_sequence, \
     sync_sequence_parallel_grads  # noqa: F401 (re-exported: call it after backward, for the norms)
-from workbook.tp import rank_device, tp_rank, tp_world_size
+from workbook.tensor_parallel.mappings import tp_rank, tp_world_size
+from workbook.runtime import ranks
 
 
 @dataclass(frozen=True)
@@ -265,8 +266,8 @@ class OverlapMLP(nn.Module):
 
 def OverlapBlock(cfg: ModelConfig, layer: int = 0, device=None, overlap: Overlap = Overlap()):
     """The pre-norm block on sequence shards with the overlapped sublayers (norms, dropout and
-    residual as in lab 5: ``workbook.sequence_parallel.SequenceParallelBlock``)."""
-    device = device or rank_device()
+    residual as in lab 5: ``workbook.tensor_parallel.sequence_parallel.SequenceParallelBlock``)."""
+    device = device or ranks.device()
     return SequenceParallelBlock(cfg, layer, OverlapAttention(cfg, layer, device, overlap),
                                  OverlapMLP(cfg, layer, device, overlap), device)
 

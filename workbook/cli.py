@@ -27,11 +27,12 @@ from workbook.selfcheck import DEFAULT_TIMEOUT_S
 def cmd_doctor(args) -> int:
     import torch
     import torch.distributed as dist
-    from workbook import launch, link
+    from workbook import link
+    from workbook.runtime import launch
     print(f"python      {sys.version.split()[0]}")
     print(f"torch       {torch.__version__}")
     print(f"cpu cores   {os.cpu_count()}")
-    from workbook import gpu
+    from workbook.runtime import gpu
     gpus = launch.gpu_count()
     print(f"gloo        {'yes' if dist.is_gloo_available() else 'no'}")
     names = gpu.gpu_names() if gpus else []
@@ -91,7 +92,7 @@ def cmd_run(args) -> int:
     if args.nnodes is None and args.nproc_per_node is None:
         return self_check(args.lab, impl=args.impl, nproc=args.nproc, timeout=args.timeout,
                           link=args.link, trace_dir=args.trace_dir)
-    from workbook import multinode                      # one torchrun agent per node
+    from workbook.runtime import multinode                      # one torchrun agent per node
     nnodes, per_node = multinode.node_split(args.nnodes, args.nproc_per_node, args.nproc)
     if args.lab not in LABS:
         raise ValueError(f"unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
@@ -109,7 +110,7 @@ def cmd_grade(args) -> int:
         if lab not in LABS:
             raise ValueError(f"unknown lab {lab!r}; the labs are {', '.join(LABS)}")
     if args.class_dir:
-        from workbook.grading.classroom import grade_class
+        from workbook.instructor.classroom import grade_class
         if args.impl != "labs" or args.gradescope:
             raise ValueError("--class-dir grades each student's folder: leave out --impl and "
                              "--gradescope (the scores go to --csv)")
@@ -133,7 +134,7 @@ def cmd_grade(args) -> int:
 
 
 def cmd_assign(args) -> int:
-    from workbook import assign
+    from workbook.instructor import assign
     root = repo_root()
     if args.check:
         drift = assign.check(root / "solutions", root / "labs")
@@ -156,14 +157,14 @@ def cmd_demo(args) -> int:
 
 def _check_link(name: str | None) -> None:
     """--link: a preset name, else the one-line error every bad input gets."""
-    from workbook import presets as link                # torch-free: the CLI starts fast
+    from workbook.link import presets as link                # torch-free: the CLI starts fast
     if name is not None and name not in link.preset_names():
         raise ValueError(f"unknown link preset {name!r}: choose one of "
                          f"{', '.join(link.preset_names())}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from workbook import presets as link                # torch-free: the CLI starts fast
+    from workbook.link import presets as link                # torch-free: the CLI starts fast
     parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -230,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="fail if labs/ drifted from solutions/")
     p.set_defaults(func=cmd_assign)
 
-    for extra in ("workbook.trace.cli", "workbook.bench", "workbook.autograder"):
+    for extra in ("workbook.trace.cli", "workbook.communication.collectives_bench", "workbook.instructor.autograder"):
         try:
             __import__(extra, fromlist=["register"]).register(sub)
         except ImportError as exc:
@@ -241,16 +242,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 # the model benchmarks, each with its own options: workbook bench LAB [options]
 MODEL_BENCHES = {
-    "domino": ("bench_domino", "Domino vs vanilla TP vs the no-communication optimum."),
-    "tp_overlap": ("bench_tp_overlap", "SP's all-gather/reduce-scatter inside the GEMMs vs plain "
+    "domino": ("domino", "Domino vs vanilla TP vs the no-communication optimum."),
+    "tp_overlap": ("tp_overlap", "SP's all-gather/reduce-scatter inside the GEMMs vs plain "
                    "SP, Domino and the no-communication optimum."),
-    "dp_overlap": ("bench_dp_overlap", "bucketed DP and ZeRO-1/2/3 with their traffic hidden vs "
+    "dp_overlap": ("dp_overlap", "bucketed DP and ZeRO-1/2/3 with their traffic hidden vs "
                    "naive DP and the no-communication optimum, beside the overlap arithmetic's "
                    "predictions."),
-    "pp_overlap": ("bench_pp_overlap", "GPipe and 1F1B with blocking and overlapped p2p vs the "
+    "pp_overlap": ("pp_overlap", "GPipe and 1F1B with blocking and overlapped p2p vs the "
                    "no-communication step, beside the textbook bubble and "
-                   "workbook.pipeline.simulate."),
-    "cp_ring": ("bench_cp_ring", "ring attention's K/V exchange hidden behind each ring step's "
+                   "workbook.pipeline_parallel.simulate."),
+    "cp_ring": ("cp_ring", "ring attention's K/V exchange hidden behind each ring step's "
                 "attention, contiguous vs zig-zag split, over a sweep of sequence lengths."),
 }
 
@@ -259,8 +260,9 @@ def model_bench_parser(name: str) -> argparse.ArgumentParser:
     """``workbook bench NAME``: the parser of one model benchmark (``MODEL_BENCHES``), its options
     from its module's ``add_arguments``, run by its ``run_bench``."""
     import importlib
-    module_name, description = MODEL_BENCHES[name]
-    module = importlib.import_module(f"workbook.{module_name}")
+    from workbook.grading.labs import lab_module
+    lab, description = MODEL_BENCHES[name]
+    module = importlib.import_module(lab_module(lab, "bench"))
     parser = argparse.ArgumentParser(prog=f"workbook bench {name}",
                                      description=f"workbook bench {name}: {description}")
     module.add_arguments(parser)
@@ -272,7 +274,7 @@ BENCH_PARSERS = {name: (lambda name=name: model_bench_parser(name)) for name in 
 
 
 def main(argv=None) -> int:
-    from workbook.launch import RanksTimedOut
+    from workbook.runtime.launch import RanksTimedOut
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCH_PARSERS:
         args = BENCH_PARSERS[argv[1]]().parse_args(argv[2:])

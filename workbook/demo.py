@@ -69,7 +69,7 @@ def demo_rank(run_dir: str) -> dict:
 
 
 def run_demo(nproc: int = 4, link: str = "dgx-h100", out: str = "runs/demo") -> int:
-    from workbook import launch
+    from workbook.runtime import launch
     from workbook import link as link_module
     run_dir = Path(out).resolve()
     print(f"starting {nproc} CPU ranks (gloo) on the {link} link preset ...", flush=True)

@@ -19,18 +19,9 @@ import os
 import subprocess
 import sys
 
+from workbook.runtime.launch import on_ranks  # noqa: F401 (the notebooks' way to run on ranks)
+
 ENV_NO_GRADE = "WORKBOOK_LESSONS_NO_GRADE"
-
-
-def on_ranks(fn, n: int, *args, link: str = "none", timeout: float = 60.0, nnodes: int = 1,
-             **kwargs) -> list:
-    """``fn(*args, **kwargs)`` on each of ``n`` ranks; the per-rank results, indexed by rank.
-    With a simulated ``link`` the ranks are CPU ranks (the link is gloo's), on a GPU machine too.
-    ``nnodes``: the ranks form that many simulated nodes (``workbook.launch.run``)."""
-    from workbook.launch import shared_pool
-    from workbook.ranks import backend_for_link
-    return shared_pool(n, backend_for_link(link), nnodes=nnodes).run(
-        fn, *args, link=link, timeout=timeout, **kwargs)
 
 
 def buffers_figure(before: list, after: list, title: str = "", labels=("before", "after")):

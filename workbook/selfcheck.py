@@ -7,7 +7,7 @@
 
 Every way runs ``workbook.grading.engine.run_checks``: the tests of ``tests/grading/test_LAB.py``
 (without ``--nproc``, on every world size the grader uses; with it, on N ranks where a check
-allows), then the lab's figures (``workbook.reports``) when the checks passed. It prints one
+allows), then the lab's figures (its family's ``<lab>_report``) when the checks passed. It prints one
 line per check: passed checks together, each other check with its full message.
 
 Exit status: 0 every check passed; 1 a check failed or is not implemented yet; 2 a hang (the
@@ -22,7 +22,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from workbook.gpu import add_backend_argument
+from workbook.runtime.gpu import add_backend_argument
 from workbook.grading.engine import (HANG, NOT_IMPLEMENTED, PASSED, SKIPPED, Verdict, exit_code,
                                      run_checks)
 
@@ -94,12 +94,16 @@ def self_check(lab: str, *, impl: str = "labs", nproc: int | None = None,
 
 
 def _figures(lab, nproc, link, trace_dir, timeout, job, out) -> None:
-    """The lab's own figures (``workbook.reports.LAB``), when it has them; never a verdict."""
+    """The lab's own figures (``workbook.<family>.<lab>_report``, see ``workbook.measure``), when
+    it has them; never a verdict."""
     import importlib
+
+    from workbook.grading.labs import lab_module
+    name = lab_module(lab, "report")
     try:
-        report = importlib.import_module(f"workbook.reports.{lab}")
+        report = importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name != f"workbook.reports.{lab}" and exc.name != "workbook.reports":
+        if exc.name != name:
             raise
         return
     from workbook.grading import engine
@@ -137,7 +141,7 @@ def trace_folders(trace_dir) -> list:
 # --------------------------------------------------------------------------- a lab's __main__
 def main(lab_file: str, argv=None) -> None:
     """``python labs/LAB.py`` and ``torchrun ... labs/LAB.py``: the self-check of that file."""
-    from workbook.launch import under_torchrun
+    from workbook.runtime.launch import under_torchrun
     path = Path(lab_file).resolve()
     parser = argparse.ArgumentParser(
         prog=f"python {path.parent.name}/{path.name}",
@@ -155,7 +159,7 @@ def main(lab_file: str, argv=None) -> None:
         os.environ["WORKBOOK_BACKEND"] = args.backend          # the ranks this self-check starts
     try:
         if args.backend:
-            from workbook.ranks import choose_backend
+            from workbook.runtime.ranks import choose_backend
             choose_backend(args.backend, 1)                    # no GPU for a GPU backend: say so now
         if under_torchrun():
             from workbook.grading.torchrun_ranks import JobRanks

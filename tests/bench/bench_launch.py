@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from workbook import launch
+from workbook.runtime import launch
 
 
 def small_check():

@@ -14,7 +14,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from workbook import launch, link
+from workbook import link
+from workbook.runtime import launch
 
 
 def compute_for(a, seconds):

@@ -1,13 +1,13 @@
 """Where does Domino's overlap break down? Sweep the link and the number of chunks.
 
 For each link preset (fast to slow: dgx-h100 NVLink, dgx-h100-ib InfiniBand, pcie-h100) and each
-p, run ``workbook.bench_domino`` (vanilla TP, Domino, no-comm optimum) and plot, against the
+p, run ``workbook.tensor_parallel.domino_bench`` (vanilla TP, Domino, no-comm optimum) and plot, against the
 communication fraction, Domino's forward and backward overlap and its step time relative to the
 no-communication optimum. Writes a standalone plotly HTML figure and the raw numbers as JSON.
 
 The multi-node points (``--nodes``, default ``dgx-h100:2x1,dgx-h100:2x2``) run the same model with
 tensor parallelism spanning simulated nodes (``PRESET:NODESxRANKS``: NVLink inside a node, one
-network card per rank between nodes, ``workbook.topology``): the Domino paper's multi-node setting.
+network card per rank between nodes, ``workbook.link.topology``): the Domino paper's multi-node setting.
 
     python tests/bench/domino_sweep.py --out runs/domino_sweep.html            # full sweep
     python tests/bench/domino_sweep.py --links dgx-h100 --ps 4 --steps 1       # a quick look
@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from workbook import bench_domino
+from workbook.tensor_parallel import domino_bench
 
 LINKS = ("dgx-h100", "dgx-h100-ib", "pcie-h100")
 
@@ -46,13 +46,13 @@ def sweep(links, ps, steps: int, base: dict, nodes=()) -> list[dict]:
     rows = []
     for link, nnodes, nproc in points(links, nodes):
         for p in ps:
-            model = {**bench_domino.DEFAULTS, **base, "p": p}
+            model = {**domino_bench.DEFAULTS, **base, "p": p}
             args = SimpleNamespace(**model, nproc=nproc, nnodes=nnodes, link=link,
                                    impl="solutions", style="gpt", lookahead=1, steps=steps,
                                    warmup=1, variants="vanilla_tp,domino,no_comm",
                                    trace_dir=None, json=None)
             with contextlib.redirect_stdout(io.StringIO()):
-                res = bench_domino.run_bench(args)
+                res = domino_bench.run_bench(args)
             v = res["variants"]
             where = link if nnodes == 1 else f"{link} {nnodes}x{nproc // nnodes}"
             rows.append({"link": where, "p": p, "nnodes": nnodes, "nproc": nproc,
@@ -102,8 +102,8 @@ def main(argv=None) -> None:
                         help="multi-node points, PRESET:NODESxRANKS (comma-separated; '' for none)")
     parser.add_argument("--ps", default="2,4,8", help="chunk counts (must divide --batch)")
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=bench_domino.DEFAULTS["hidden"])
-    parser.add_argument("--batch", type=int, default=bench_domino.DEFAULTS["batch"])
+    parser.add_argument("--hidden", type=int, default=domino_bench.DEFAULTS["hidden"])
+    parser.add_argument("--batch", type=int, default=domino_bench.DEFAULTS["batch"])
     parser.add_argument("--out", default="runs/domino_sweep.html")
     opts = parser.parse_args(argv)
     base = {"hidden": opts.hidden, "batch": opts.batch, "ffn": 4 * opts.hidden}

@@ -1,7 +1,7 @@
 """Where does TP communication overlap break down? Sweep the ranks and the link.
 
 For each number of ranks n (2, 4) and each link preset (fast to slow: dgx-h100 NVLink,
-dgx-h100-ib InfiniBand, pcie-h100), run ``workbook.bench_tp_overlap`` (plain SP,
+dgx-h100-ib InfiniBand, pcie-h100), run ``workbook.tensor_parallel.tp_overlap_bench`` (plain SP,
 pipelined+bulk, Domino, no-comm optimum, on one model) and plot, against plain SP's
 communication fraction, the share of communication pipelined+bulk and Domino hide in the
 forward and backward passes, and their step time relative to the no-communication optimum.
@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from workbook import bench_tp_overlap
+from workbook.tensor_parallel import tp_overlap_bench
 
 LINKS = ("dgx-h100", "dgx-h100-ib", "pcie-h100")
 VARIANTS = ("sp", "pipelined+bulk", "domino", "no_comm")
@@ -29,7 +29,7 @@ def sweep(nprocs, links, steps: int, shape: dict) -> list[dict]:
     rows = []
     for n in nprocs:
         for link in links:
-            res = bench_tp_overlap.measure(nproc=n, link=link, variants=VARIANTS, steps=steps,
+            res = tp_overlap_bench.measure(nproc=n, link=link, variants=VARIANTS, steps=steps,
                                            warmup=1, **shape)
             v = res["variants"]
             row = {"nproc": n, "link": link, "link_label": res["link_label"],
@@ -88,7 +88,7 @@ def main(argv=None) -> None:
     parser.add_argument("--links", default=",".join(LINKS))
     parser.add_argument("--steps", type=int, default=2)
     for name in ("hidden", "heads", "ffn", "layers", "batch", "seq"):
-        parser.add_argument(f"--{name}", type=int, default=bench_tp_overlap.DEFAULTS[name])
+        parser.add_argument(f"--{name}", type=int, default=tp_overlap_bench.DEFAULTS[name])
     parser.add_argument("--out", default="runs/tp_overlap_sweep.html")
     opts = parser.parse_args(argv)
     shape = {k: getattr(opts, k) for k in ("hidden", "heads", "ffn", "layers", "batch", "seq")}

@@ -1,7 +1,7 @@
 """The GPU suite: every lab graded on CUDA, overlap read from CUDA kernels, the backend chosen.
 
 Run it on a machine with an NVIDIA GPU: ``pytest tests/gpu -rs``. The ranks go where
-``WORKBOOK_BACKEND=cuda`` puts them (``workbook.gpu``): NCCL with one GPU per rank where there
+``WORKBOOK_BACKEND=cuda`` puts them (``workbook.runtime.gpu``): NCCL with one GPU per rank where there
 are enough GPUs; on fewer GPUs, NCCL with several ranks per GPU where the installed NCCL allows it
 (2.30+, ``NCCL_MULTI_RANK_GPU_ENABLE=1``), else gloo with the tensors on the GPU. The header of
 the run says which, for every world size the labs use.
@@ -29,15 +29,15 @@ def cuda_available() -> bool:
 
 
 def layouts() -> dict:
-    """``{world size: workbook.gpu.Layout}`` for this machine under the suite's request."""
-    from workbook import gpu
+    """``{world size: workbook.runtime.gpu.Layout}`` for this machine under the suite's request."""
+    from workbook.runtime import gpu
     return {n: gpu.machine_plan(n, REQUEST) for n in WORLD_SIZES}
 
 
 def pytest_report_header(config, start_path):
     if not cuda_available():
         return [f"GPU suite: {NO_CUDA}"]
-    from workbook import gpu
+    from workbook.runtime import gpu
     names = gpu.gpu_names()
     lines = [f"GPU suite: {len(names)} GPU(s): {', '.join(names)}; NCCL "
              f"{gpu.version_text(gpu.nccl_version())}; WORKBOOK_BACKEND={REQUEST}"]
@@ -63,7 +63,7 @@ def on_gpus(monkeypatch):
     ``CUDA_DEVICE_MAX_CONNECTIONS=1`` so that each rank's GPU starts kernels in the order the
     host issued them (an all-reduce issued before a GEMM starts before it, and can hide under
     it). Rank pools copy ``WORKBOOK_*``/``CUDA*``/``NCCL*`` variables when they start."""
-    from workbook.launch import close_shared_pools
+    from workbook.runtime.launch import close_shared_pools
     close_shared_pools()                              # pools started under another environment
     monkeypatch.setenv("WORKBOOK_BACKEND", REQUEST)
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")

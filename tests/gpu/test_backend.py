@@ -1,6 +1,6 @@
 """Where the ranks go on this machine, and that they work there.
 
-For every world size the graders use, ``WORKBOOK_BACKEND=cuda`` (``workbook.gpu.plan``) picks NCCL
+For every world size the graders use, ``WORKBOOK_BACKEND=cuda`` (``workbook.runtime.gpu.plan``) picks NCCL
 with one GPU per rank, NCCL with ranks sharing a GPU (NCCL 2.30+), or gloo with the tensors on the
 GPU; each is started for real and runs an all-reduce of CUDA tensors. ``workbook doctor`` names
 the GPUs, the NCCL version and the layout it will use.
@@ -21,7 +21,7 @@ def _where_am_i() -> dict:
     import torch
     import torch.distributed as dist
 
-    from workbook import launch
+    from workbook.runtime import launch
     ctx = launch.context()
     dev = launch.device()
     t = torch.full((1024,), float(dist.get_rank() + 1), device=dev)
@@ -34,7 +34,7 @@ def _where_am_i() -> dict:
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_each_world_size_runs_where_the_plan_says(n, on_gpus):
-    from workbook.launch import RankPool
+    from workbook.runtime.launch import RankPool
     layout = on_gpus[n]
     print(f"\n{n} rank(s): {layout.summary()} -- {layout.reason}")
     assert layout.on_gpu, f"WORKBOOK_BACKEND=cuda on a GPU machine must put ranks on the GPU: {layout}"
@@ -50,7 +50,7 @@ def test_each_world_size_runs_where_the_plan_says(n, on_gpus):
 
 
 def test_doctor_names_the_gpus_nccl_and_layouts():
-    from workbook import gpu
+    from workbook.runtime import gpu
     out = subprocess.run([sys.executable, "-m", "workbook.cli", "doctor"], capture_output=True,
                          text=True, cwd=ROOT, timeout=300, env=dict(os.environ)).stdout
     print(out)
@@ -64,7 +64,8 @@ def _one_traced_all_reduce(trace_dir: str) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from workbook import launch, trace
+    from workbook import trace
+    from workbook.runtime import launch
     from workbook.trace.capture import rank_trace
     x = torch.ones(1 << 20, device=launch.device())
     dist.all_reduce(x)                                   # the communicator starts outside the trace
@@ -76,7 +77,7 @@ def _one_traced_all_reduce(trace_dir: str) -> list[dict]:
 
 
 def test_nccl_kernels_run_on_a_stream_of_their_own(on_gpus, tmp_path):
-    from workbook.launch import RankPool
+    from workbook.runtime.launch import RankPool
     if on_gpus[2].backend != "nccl":
         pytest.skip(f"2 ranks run on {on_gpus[2].summary()} here: no NCCL kernels to look for")
     with RankPool(2, "cuda") as pool:

@@ -53,7 +53,8 @@ def _async_overlap_on_gpu(trace_dir: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from workbook import launch, trace
+    from workbook import trace
+    from workbook.runtime import launch
     from workbook.grading.labs import load_lab
     from workbook.grading.trace_checks import overlap_figures
     from workbook.trace.capture import rank_trace
@@ -88,7 +89,7 @@ def _async_overlap_on_gpu(trace_dir: str) -> dict:
 
 def test_async_overlap_hides_its_all_reduce_under_compute_kernels(on_gpus, tmp_path):
     from workbook.grading.trace_checks import assert_hidden
-    from workbook.launch import RankPool
+    from workbook.runtime.launch import RankPool
     layout = _nccl_layout(on_gpus)
     with RankPool(2, "cuda") as pool:
         res = pool.run(_async_overlap_on_gpu, str(tmp_path), timeout=300)
@@ -116,12 +117,14 @@ def _domino_on_gpu(trace_dir: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from workbook import launch, trace
-    from workbook.domino_measure import inputs, training_step
+    from workbook import trace
+    from workbook.runtime import launch
+    from workbook.tensor_parallel.block_bench import inputs
+    from workbook.tensor_parallel.domino_measure import training_step
     from workbook.grading.labs import load_lab
     from workbook.grading.trace_checks import overlap_figures
     from workbook.model import ModelConfig
-    from workbook.tp_stack import TPStack
+    from workbook.tensor_parallel.layer_stack import TPStack
     from workbook.trace.capture import rank_trace
     lab = load_lab("domino", "solutions")
     rank, world, dev = dist.get_rank(), dist.get_world_size(), launch.device()
@@ -144,7 +147,7 @@ def _domino_on_gpu(trace_dir: str) -> dict:
 
 def test_domino_hides_its_all_reduces_under_compute_kernels(on_gpus, tmp_path):
     from workbook.grading.trace_checks import assert_hidden, ranks_hidden_pct
-    from workbook.launch import RankPool
+    from workbook.runtime.launch import RankPool
     layout = _nccl_layout(on_gpus)
     with RankPool(2, "cuda") as pool:
         res = pool.run(_domino_on_gpu, str(tmp_path), timeout=600)

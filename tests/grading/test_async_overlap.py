@@ -20,7 +20,7 @@ import torch
 from workbook.grading.checks import assert_equal_on_rank
 from workbook.grading.engine import on_ranks, world_sizes
 from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
-from workbook.grading.tp_checks import to_cpu
+from workbook.grading.model_checks import to_cpu
 from workbook.grading.trace_checks import assert_hidden, trace_root_fixture
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -110,7 +110,7 @@ class _Compute:
 
 def _sample(shape, dtype, seed):
     """A rank's input, on the rank's device (``cuda:N`` on GPU ranks: NCCL takes no CPU tensor)."""
-    from workbook import ranks
+    from workbook.runtime import ranks
     g = torch.Generator().manual_seed(seed)
     return torch.randint(-20, 21, shape, generator=g).to(ranks.device(), dtype)
 

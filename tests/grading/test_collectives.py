@@ -17,7 +17,7 @@ import torch
 from workbook.grading.checks import P2P, RECVS, SENDS, assert_calls, assert_equal_on_rank, \
     count_rounds, numbers_first
 from workbook.grading.engine import on_ranks, world_sizes
-from workbook.grading.tp_checks import to_cpu
+from workbook.grading.model_checks import to_cpu
 
 WORLD_SIZES = (1, 2, 3, 4)
 DTYPES = (torch.float32, torch.float64, torch.int64)
@@ -28,7 +28,7 @@ TIMEOUT_S = 60.0
 # --------------------------------------------------------------------------- rank side
 def _sample(numel, dtype, seed):
     """A rank's input, on the rank's device (``cuda:N`` on GPU ranks: NCCL takes no CPU tensor)."""
-    from workbook import ranks
+    from workbook.runtime import ranks
     g = torch.Generator().manual_seed(seed)
     return torch.randint(-50, 51, (numel,), generator=g).to(ranks.device(), dtype)
 
@@ -36,8 +36,8 @@ def _sample(numel, dtype, seed):
 def _run_cases(name: str) -> list[dict]:
     """On every rank: run build ``name`` of the lab under test on all its cases."""
     import torch.distributed as dist
-    from workbook.flight import RECORDER
-    from workbook import ranks
+    from workbook.runtime.flight import RECORDER
+    from workbook.runtime import ranks
     from workbook.grading.labs import load_lab
     lab = load_lab("collectives")
     rank, n, dev = dist.get_rank(), dist.get_world_size(), ranks.device()
@@ -117,7 +117,7 @@ def _run_cases(name: str) -> list[dict]:
 def _run_barrier() -> list[dict]:
     """Each rank in turn arrives late; every rank notes when it entered and left barrier()."""
     import torch.distributed as dist
-    from workbook.flight import RECORDER
+    from workbook.runtime.flight import RECORDER
     from workbook.grading.labs import load_lab
     lab = load_lab("collectives")
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -138,7 +138,7 @@ def _run_barrier() -> list[dict]:
 
 def _run_use_builtins() -> dict:
     import torch.distributed as dist
-    from workbook.flight import RECORDER
+    from workbook.runtime.flight import RECORDER
     from workbook.grading.labs import load_lab
     lab = load_lab("collectives")
     RECORDER.reset()

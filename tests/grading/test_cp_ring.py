@@ -41,7 +41,7 @@ import torch
 from workbook.context_parallel import CAUSAL, FULL, SKIP, BlockCallTimer, Layout, Partial, \
     contiguous_layout, finish
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.tp_checks import raise_if_failed, randn, rank_error, ranks_label, to_cpu
+from workbook.grading.model_checks import raise_if_failed, randn, rank_error, ranks_label, to_cpu
 from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
     trace_root_fixture
 
@@ -308,7 +308,7 @@ def _run_numerics() -> dict:
     import torch.distributed as dist
 
     from workbook.context_parallel import cp_attention, sync_cp_grads
-    from workbook.launch import device
+    from workbook.runtime.launch import device
     from workbook.model import Attention, grads_by_name
     lab, rank, n, dev = _lab(), dist.get_rank(), dist.get_world_size(), device()
     out: dict = {}
@@ -549,7 +549,7 @@ def _run_traffic(trace_dir: str) -> dict:
     import torch.distributed as dist
 
     from workbook import trace
-    from workbook.launch import device
+    from workbook.runtime.launch import device
     from workbook.trace.capture import rank_trace
     lab, rank, n, dev = _lab(), dist.get_rank(), dist.get_world_size(), device()
     c = TRAFFIC
@@ -581,7 +581,7 @@ def _run_traffic(trace_dir: str) -> dict:
 def test_ring_traffic(trace_root):
     """From the trace of one step on 2 and 3 ranks: forward n - 1 K/V hops, backward n - 1 K/V
     hops and n dK/dV hops, each one send and one recv of 2*B*h*(S/n)*d elements; no collective."""
-    from workbook.ranks import choose_backend
+    from workbook.runtime.ranks import choose_backend
     for n in world_sizes(2, 3):
         link = LINK if choose_backend(None, n) == "gloo" else "none"
         per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"), link=link,
@@ -620,8 +620,8 @@ def _overlap(trace_dir: str) -> dict:
     import torch.distributed as dist
 
     from workbook import link, trace
-    from workbook.domino_measure import recalibrate
-    from workbook.launch import device
+    from workbook.measure.calibration import recalibrate
+    from workbook.runtime.launch import device
     from workbook.trace.capture import rank_trace
     rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
     c = OVERLAP

@@ -29,13 +29,14 @@ import os
 import pytest
 import torch
 
-from workbook.domino_measure import inputs, recalibrate
+from workbook.tensor_parallel.block_bench import inputs
+from workbook.measure.calibration import recalibrate
 from workbook.grading.checks import assert_equal_on_rank
 from workbook.grading.engine import on_ranks, world_sizes
 from workbook.grading.timing import STRUCTURAL, measure_until_clear
 from workbook.grading.trace_checks import assert_hidden, ranks_hidden_pct, trace_root_fixture
-from workbook.program_order import CountGemms, waited_at_once
-from workbook.tp_stack import HEAD, Stage, TPStack, reference_step, stages, vanilla_tp_forward
+from workbook.link.program_order import CountGemms, waited_at_once
+from workbook.tensor_parallel.layer_stack import HEAD, Stage, TPStack, reference_step, stages, vanilla_tp_forward
 
 FWD_THRESHOLD_PCT = 70.0    # thresholds sit below the reference's lowest figure under load and on
 BWD_THRESHOLD_PCT = 60.0    # one core by a measured margin; wrong schedules hide ~0% (README)

@@ -27,12 +27,12 @@ import pytest
 import torch
 
 from workbook.data_parallel import STAGE
-from workbook.domino_measure import recalibrate
+from workbook.measure.calibration import recalibrate
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.tp_checks import rank_error, ranks_label, raise_if_failed, to_cpu
+from workbook.grading.model_checks import rank_error, ranks_label, raise_if_failed, to_cpu
 from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
     trace_root_fixture
-from workbook.program_order import CountGemms, waited_at_once
+from workbook.link.program_order import CountGemms, waited_at_once
 
 LAB = "dp_overlap"
 TIMEOUT_S = 60.0
@@ -101,7 +101,7 @@ def _run_numerics(variant: str) -> dict:
     another's test)."""
     import torch.distributed as dist
     from workbook.grading.labs import load_lab
-    from workbook.launch import device
+    from workbook.runtime.launch import device
     lab, n, dev = load_lab(LAB), dist.get_world_size(), device()
     out = {}
     for tag, cfg in _configs():
@@ -117,7 +117,7 @@ def _run_traffic(trace_dir: str, variant: str) -> dict:
     import torch.distributed as dist
     from workbook import trace
     from workbook.grading.labs import load_lab
-    from workbook.launch import device
+    from workbook.runtime.launch import device
     from workbook.model import ModelConfig, make_batch
     from workbook.trace.capture import rank_trace
     lab, rank, n, dev = load_lab(LAB), dist.get_rank(), dist.get_world_size(), device()
@@ -150,7 +150,7 @@ def _overlap(trace_dir: str, variant: str) -> dict:
     import torch.distributed as dist
     from workbook import link, trace
     from workbook.grading.labs import load_lab
-    from workbook.launch import device
+    from workbook.runtime.launch import device
     from workbook.model import ModelConfig, make_batch
     from workbook.trace.capture import rank_trace
     rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
@@ -425,7 +425,7 @@ def _memory_message(rank, n, variant, kind, got, want) -> str:
 def _check_traffic(variant: str, trace_root) -> None:
     """One steady-state step of ``variant`` on 2 and on 3 ranks, from the trace: the
     collectives of each pass, their number and bytes, against the lesson's formulas."""
-    from workbook.ranks import choose_backend
+    from workbook.runtime.ranks import choose_backend
     for n in world_sizes(2, 3):
         link = LINK if choose_backend(None, n) == "gloo" else "none"
         per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"), variant, link=link,

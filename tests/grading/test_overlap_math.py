@@ -86,7 +86,7 @@ def measured_on_link(trace_dir):
     import torch.distributed as dist
 
     from workbook import link as link_module
-    from workbook.reports.overlap_math import measure_tp_like_step
+    from workbook.communication.overlap_math_report import measure_tp_like_step
     from workbook.trace.capture import rank_trace
     with rank_trace(trace_dir, lab="overlap_math"):
         steps = [measure_tp_like_step() for _ in range(5)]

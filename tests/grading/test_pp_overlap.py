@@ -2,7 +2,7 @@
 
 Schedules (instant, no ranks): ``gpipe`` and ``one_f_one_b`` for several pipelines, action by
 action against the textbook order; each set of stages first goes through
-``workbook.pipeline.check_schedule``, so a schedule that would deadlock is reported as one, on
+``workbook.pipeline_parallel.check_schedule``, so a schedule that would deadlock is reported as one, on
 paper. The executor checks run the textbook schedules (written out here, ``_expected``), so
 each task is graded on its own.
 
@@ -27,12 +27,12 @@ import os
 import pytest
 import torch
 
-from workbook.domino_measure import recalibrate
+from workbook.measure.calibration import recalibrate
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.tp_checks import rank_error, raise_if_failed, to_cpu
+from workbook.grading.model_checks import rank_error, raise_if_failed, to_cpu
 from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
     trace_root_fixture
-from workbook.program_order import CountGemms, waited_at_once
+from workbook.link.program_order import CountGemms, waited_at_once
 
 LAB = "pp_overlap"
 TIMEOUT_S = 60.0
@@ -71,7 +71,7 @@ def _expected(kind: str, p: int, m: int, s: int) -> list[tuple]:
 def _schedule_problem(lab, kind: str, p: int, m: int) -> str | None:
     """Why the lab's ``kind`` schedule for ``p`` stages and ``m`` micro-batches is wrong, or
     None: deadlock and completeness first (``check_schedule``), then the textbook order."""
-    from workbook.pipeline import ScheduleError, check_schedule
+    from workbook.pipeline_parallel import ScheduleError, check_schedule
     fn = lab.SCHEDULES[kind]
     label = {"gpipe": "gpipe", "1f1b": "one_f_one_b"}[kind]
     stages = [[tuple(a) for a in fn(p, m, s)] for s in range(p)]
@@ -133,7 +133,7 @@ def _step(lab, variant: str, cfg, dev, m: int = M, rows: int = ROWS, seed: int =
 
 def _run_numerics(variant: str) -> dict:
     from workbook.grading.labs import load_lab
-    from workbook.launch import device
+    from workbook.runtime.launch import device
     lab, dev, out = load_lab(LAB), device(), {}
     for tag, cfg in _configs():
         try:
@@ -223,7 +223,7 @@ def _run_traffic(trace_dir: str, variant: str) -> dict:
     import torch.distributed as dist
     from workbook import trace
     from workbook.grading.labs import load_lab
-    from workbook.launch import device
+    from workbook.runtime.launch import device
     from workbook.model import ModelConfig
     from workbook.trace.capture import rank_trace
     lab, rank, dev = load_lab(LAB), dist.get_rank(), device()
@@ -241,7 +241,7 @@ def _run_traffic(trace_dir: str, variant: str) -> dict:
 
 
 def _check_traffic(variant: str, trace_root) -> None:
-    from workbook.ranks import choose_backend
+    from workbook.runtime.ranks import choose_backend
     for n in world_sizes(2, 3):
         link = LINK if choose_backend(None, n) == "gloo" else "none"
         per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"), variant, link=link,
@@ -288,7 +288,7 @@ def _overlap(trace_dir: str, variant: str) -> dict:
     import torch.distributed as dist
     from workbook import link, trace
     from workbook.grading.labs import load_lab
-    from workbook.launch import device
+    from workbook.runtime.launch import device
     from workbook.model import ModelConfig
     from workbook.trace.capture import rank_trace
     rank, dev = dist.get_rank(), device()

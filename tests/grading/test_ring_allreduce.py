@@ -12,7 +12,7 @@ import torch
 
 from workbook.grading.checks import RECVS, SENDS, assert_calls, assert_equal_on_rank, numbers_first
 from workbook.grading.engine import on_ranks, world_sizes
-from workbook.grading.tp_checks import to_cpu
+from workbook.grading.model_checks import to_cpu
 
 WORLD_SIZES = (1, 2, 3, 4)
 DTYPES = (torch.float32, torch.float64, torch.int64)
@@ -24,14 +24,14 @@ OPS = ("sum", "max", "min")
 # --------------------------------------------------------------------------- rank side
 def _sample(shape, dtype, seed):
     """A rank's input, on the rank's device (``cuda:N`` on GPU ranks: NCCL takes no CPU tensor)."""
-    from workbook import ranks
+    from workbook.runtime import ranks
     g = torch.Generator().manual_seed(seed)
     return torch.randint(-50, 51, shape, generator=g).to(ranks.device(), dtype)
 
 
 def _run(what: str) -> list[dict]:
     import torch.distributed as dist
-    from workbook.flight import RECORDER
+    from workbook.runtime.flight import RECORDER
     from workbook.grading.labs import load_lab
     lab = load_lab("ring_allreduce")
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -3,7 +3,7 @@
 As for lab 4, one batched run per world size (1, 2, 3, 4) builds every part of the lab under
 test on several configs and returns each rank's pieces: outputs and input gradients are
 sequence shards (``x[:, s0:s1]``) or column slices, parameter gradients are compared after
-``sync_sequence_parallel_grads`` (``workbook.grading.tp_checks``, shared with the tp grader).
+``sync_sequence_parallel_grads`` (``workbook.grading.model_checks``, shared with the tp grader).
 The same run measures the activation memory of one block (``saved_tensors_hooks``), compared
 with what a TP block would save, predicted from the single-device block: lab 5 is graded on its
 own, never against the learner's lab 4. A traced run on a simulated link reads the block's
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.tp_checks import B, STEP, build_error, check_ops, check_part, configs, cut, \
+from workbook.grading.model_checks import B, STEP, build_error, check_ops, check_part, configs, cut, \
     grads, ints, raise_if_failed, randn, ranks_label, run_every_part, run_traced_block, to_cpu
 
 TIMEOUT_S = 120.0
@@ -226,7 +226,7 @@ def test_sp_block_pattern_from_trace(n, tmp_path):
     bytes equal vanilla TP's 2 all-reduces of B*S*H."""
     n = graded_size(n, 2, 3)                   # under a rank cap: the largest size kept
     from workbook.link import bus_factor
-    from workbook.ranks import choose_backend
+    from workbook.runtime.ranks import choose_backend
     link = "dgx-h100" if choose_backend(None, n) == "gloo" else "none"    # no simulated link on NCCL
     res = _pool_run(f"trace:{tmp_path}", n, _run_traced, str(tmp_path), link=link)
     for rank, r in enumerate(res):

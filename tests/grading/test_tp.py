@@ -5,7 +5,7 @@ under test (the conjugate ops, the parallel linears, MLP, attention, block, mode
 configs (gpt with dropout and llama, fp64 and fp32, shapes that are not powers of two on 3
 ranks) and returns each rank's outputs and gradient pieces. The reference runs once per config
 in this process; each rank's piece is compared with the matching slice of the reference
-(``workbook.grading.tp_checks``, shared with the sp grader). A second, traced run on a
+(``workbook.grading.model_checks``, shared with the sp grader). A second, traced run on a
 simulated link reads the block's collectives per phase from the PyTorch-profiler trace.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.tp_checks import B, STEP, build_error, check_ops, check_part, configs, cut, \
+from workbook.grading.model_checks import B, STEP, build_error, check_ops, check_part, configs, cut, \
     grads, ints, raise_if_failed, randn, ranks_label, run_every_part, run_traced_block, to_cpu
 
 TIMEOUT_S = 120.0
@@ -69,7 +69,7 @@ def _run_module(part):
     """The runner of one sublayer or block: output, input gradient, gradients, and the
     collectives of each phase (flight recorder)."""
     def run(lab, tag, cfg, rank, n, dev) -> list[dict]:
-        from workbook.flight import RECORDER
+        from workbook.runtime.flight import RECORDER
         cls = {"mlp": lab.TPMLP, "attn": lab.TPAttention, "block": lab.TPBlock}[part]
         module = cls(cfg, 1, dev)
         shape, dt = (B, cfg.seq_len, cfg.hidden), cfg.torch_dtype
@@ -88,7 +88,7 @@ def _run_module(part):
 def _run_model(lab, tag, cfg, rank, n, dev) -> list[dict]:
     """The loss and gradients, each phase's collectives, and any saved tensor as wide as the
     vocabulary (full logits)."""
-    from workbook.flight import RECORDER
+    from workbook.runtime.flight import RECORDER
     from workbook.model import make_batch
     model = lab.TPModel(cfg, dev)
     tokens, targets = make_batch(cfg, B, seed=5, device=dev)
@@ -248,7 +248,7 @@ def test_tp_block_pattern_from_trace(n, tmp_path):
     """From the profiler trace of one block on a simulated link: exactly 2 all-reduces in
     forward and 2 in backward, each of B*S*H elements, and no other collective."""
     n = graded_size(n, 2, 3)                   # under a rank cap: the largest size kept
-    from workbook.ranks import choose_backend
+    from workbook.runtime.ranks import choose_backend
     link = "dgx-h100" if choose_backend(None, n) == "gloo" else "none"    # no simulated link on NCCL
     res = _pool_run(f"trace:{tmp_path}", n, _run_traced, str(tmp_path), link=link)
     for rank, r in enumerate(res):

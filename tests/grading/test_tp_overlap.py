@@ -4,7 +4,7 @@ Ring ops (exact, integer-valued fp64, 1-4 ranks): ``exchange``, ``ring_all_gathe
 ``ring_matmul_reduce_scatter`` and ``chunked_matmul_reduce_scatter`` against the collective they
 replace; a shard in the wrong place is named (which shard landed where).
 
-Numerics (as the sp grader, ``workbook.grading.tp_checks``): the linears, the MLP, attention and
+Numerics (as the sp grader, ``workbook.grading.model_checks``): the linears, the MLP, attention and
 the block, under every overlap variant of the lab (``VARIANTS``), equal the single-device
 reference on 1-4 ranks, GPT (with dropout) and Llama, fp64 and fp32: outputs and input gradients
 are sequence shards, parameter gradients are compared after ``sync_sequence_parallel_grads``.
@@ -26,13 +26,13 @@ import time
 import pytest
 import torch
 
-from workbook.domino_measure import recalibrate
+from workbook.measure.calibration import recalibrate
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.tp_checks import B, STEP, check_part, cut, grads, ints, raise_if_failed, \
+from workbook.grading.model_checks import B, STEP, check_part, cut, grads, ints, raise_if_failed, \
     randn, rank_error, ranks_label, run_every_part, run_traced_block, to_cpu
 from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
     trace_root_fixture
-from workbook.program_order import CountGemms, waited_at_once
+from workbook.link.program_order import CountGemms, waited_at_once
 
 LAB = "tp_overlap"
 TIMEOUT_S = 120.0
@@ -82,7 +82,7 @@ def _linears(cfg):
 
 
 def _run_linears(lab, tag, cfg, rank, n, dev) -> list[dict]:
-    from workbook.sequence_parallel import ShardedLinear, sync_sequence_parallel_grads
+    from workbook.tensor_parallel.sequence_parallel import ShardedLinear, sync_sequence_parallel_grads
     cases = []
     for variant in VARIANTS:
         for label, name, fin, fout, kind, lin, lout in _linears(cfg):
@@ -103,7 +103,7 @@ def _run_linears(lab, tag, cfg, rank, n, dev) -> list[dict]:
 def _run_module(part):
     """The runner of one sublayer or the block under every variant, shards to shards."""
     def run(lab, tag, cfg, rank, n, dev) -> list[dict]:
-        from workbook.sequence_parallel import sync_sequence_parallel_grads
+        from workbook.tensor_parallel.sequence_parallel import sync_sequence_parallel_grads
         cls = {"mlp": lab.OverlapMLP, "attn": lab.OverlapAttention, "block": lab.OverlapBlock}[part]
         shape, cases = (B, cfg.seq_len, cfg.hidden), []
         for variant in VARIANTS:
@@ -138,7 +138,7 @@ def _overlap(trace_dir: str) -> dict:
     import torch.distributed as dist
     from workbook import link, trace
     from workbook.grading.labs import load_lab
-    from workbook.launch import device
+    from workbook.runtime.launch import device
     from workbook.model import ModelConfig
     from workbook.trace.capture import rank_trace
     rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
@@ -332,7 +332,7 @@ def test_ring_pattern_from_trace(n, tmp_path):
     B*S/n*H elements each, and no all-gather or reduce-scatter where a ring replaces it; with
     bulk, the backward makes one all-gather and one reduce-scatter per column-parallel GEMM."""
     n = graded_size(n, 2, 3)
-    from workbook.ranks import choose_backend
+    from workbook.runtime.ranks import choose_backend
     link = LINK if choose_backend(None, n) == "gloo" else "none"
     for variant, backward_collectives in (("pipelined+bulk", 2), ("pipelined", 0)):
         res = on_ranks(n, _run_traced, str(tmp_path / variant), variant, link=link,

@@ -3,7 +3,7 @@ import textwrap
 
 import pytest
 
-from workbook import assign
+from workbook.instructor import assign
 
 SOLUTION = textwrap.dedent('''\
     def broadcast(tensor, src):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from workbook.autograder import RESERVE_S
+from workbook.instructor.autograder import RESERVE_S
 from workbook.grading.labs import repo_root
 
 LABS = ("ring_allreduce", "overlap_math")
@@ -229,7 +229,7 @@ def test_build_refuses_what_would_break_on_gradescope(tmp_path):
 def test_rank_cap_follows_the_machine():
     """``max_ranks: auto`` grades with fewer ranks on a small machine (Gradescope's default has
     768 MB); a number in autograder.json is used as it is."""
-    from workbook.autograder.run import rank_cap
+    from workbook.instructor.autograder.run import rank_cap
     assert rank_cap("auto", memory_bytes=768 * 2**20) == 1
     assert rank_cap("auto", memory_bytes=3 * 2**30) == 2
     assert rank_cap("auto", memory_bytes=16 * 2**30) is None

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from workbook import bench_cp_ring as bench
+from workbook.context_parallel import cp_ring_bench as bench
 from workbook.context_parallel import Layout, contiguous_layout
 
 TINY = ["--seq", "32,64", "--heads", "2", "--head-dim", "8", "--repeats", "1"]
@@ -110,8 +110,8 @@ def test_bad_options_fail_in_one_line(capsys):
 
 
 def test_module_runs_as_a_command():
-    """``python -m workbook.bench_cp_ring``: its own parser, a bad option exits 2 in one line."""
-    done = subprocess.run([sys.executable, "-m", "workbook.bench_cp_ring", "--nproc", "1"],
+    """``python -m workbook.context_parallel.cp_ring_bench``: its own parser, a bad option exits 2 in one line."""
+    done = subprocess.run([sys.executable, "-m", "workbook.context_parallel.cp_ring_bench", "--nproc", "1"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == "workbook bench cp_ring: --nproc 1: 2 to 4 context-parallel ranks"

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from workbook import bench_dp_overlap as bench
+from workbook.data_parallel import dp_overlap_bench as bench
 
 TINY = dict(hidden=32, heads=2, ffn=64, layers=2, batch=4, seq=16, vocab=64)
 NAMES = ["naive", "bucketed@1KiB", "bucketed@64KiB", "zero1", "zero2", "zero3", "no_comm"]
@@ -68,9 +68,9 @@ def test_schedule_model():
 
 
 def test_sizes_with_binary_suffixes():
-    """``workbook.bench.parse_size`` reads 256KiB as well as 256K (it once upper-cased the text
+    """``workbook.communication.collectives_bench.parse_size`` reads 256KiB as well as 256K (it once upper-cased the text
     and then looked for a lower-case i)."""
-    from workbook.bench import parse_size
+    from workbook.measure.bench_cli import parse_size
     assert [parse_size(t) for t in ("4096", "1K", "256KiB", "1MiB", "64M", "1GB", "8B")] == \
         [4096, 1024, 256 << 10, 1 << 20, 64 << 20, 1 << 30, 8]
     assert bench.size("4MiB") == 4 << 20

@@ -1,5 +1,5 @@
 """``workbook bench pp_overlap``: it runs end to end on tiny shapes, writes every variant and
-field for every link, its predictions agree with ``workbook.pipeline.simulate``, and bad options
+field for every link, its predictions agree with ``workbook.pipeline_parallel.simulate``, and bad options
 fail at once, in one line, with exit status 2."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from workbook import bench_pp_overlap as bench
+from workbook.pipeline_parallel import pp_overlap_bench as bench
 
 TINY = dict(hidden=32, heads=2, layers=2, seq=8, rows=1, micro_batches=4, vocab=64)
 NAMES = ["gpipe", "1f1b", "1f1b_overlap", "no_comm"]
@@ -79,7 +79,7 @@ def test_bench_runs_end_to_end_on_two_stages(tmp_path, capsys):
 def test_prediction_is_simulate():
     """``predict`` is ``simulate``'s step and bubble; without transfer time the bubble is the
     textbook one; the ceiling of 2-stage 1F1B is about half the steady-state p2p time."""
-    from workbook.pipeline import bubble_fraction, simulate
+    from workbook.pipeline_parallel import bubble_fraction, simulate
     s = _one_f_one_b(2, 8)
     q = bench.predict(s, 1.0, 2.0, 0.0)
     assert q["bubble"] == pytest.approx(bubble_fraction(2, 8)) and q["hidden_pct"] is None

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from workbook import bench, bootstrap
+from workbook import bootstrap
+from workbook.communication import collectives_bench as bench
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "[workbook setup] "

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from workbook.multinode import free_port
+from workbook.runtime.multinode import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"

@@ -55,7 +55,8 @@ def late_peer_step(run_dir):
 
 
 def test_a_late_peer_shows_as_skew_not_as_the_schedule(tmp_path):
-    from workbook import launch, trace
+    from workbook import trace
+    from workbook.runtime import launch
     assert launch.shared_pool(2, "gloo").run(late_peer_step, str(tmp_path), link="dgx-h100") == [0, 1]
     events = json.loads((tmp_path / "rank0.trace.json").read_text())["traceEvents"]
     late = [e for e in events if e.get("cat") == "link_late" and e["name"].startswith("all_reduce")]
@@ -99,7 +100,8 @@ def one_of_each(run_dir):
 
 @pytest.mark.parametrize("link_name", ["dgx-h100", "none"])
 def test_each_call_counted_once_and_runtime_threads_hidden(tmp_path, link_name):
-    from workbook import launch, trace
+    from workbook import trace
+    from workbook.runtime import launch
     from workbook.trace.classify import COMPUTE, classify
     from workbook.trace.report import collectives_table_html, issued_in
     assert launch.shared_pool(2, "gloo").run(one_of_each, str(tmp_path), link=link_name) == [0, 1]

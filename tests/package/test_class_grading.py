@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbook.grading.classroom import grade_student, lab_max_points
+from workbook.instructor.classroom import grade_student, lab_max_points
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ No line here needs a GPU. CUDA traces are built as the PyTorch profiler writes t
 ``pid`` = device and ``tid`` = stream with their ``args``, ``cudaLaunchKernel`` on the host thread
 with the same correlation id, ``ac2g`` flow arrows, ``gpu_user_annotation`` ranges on the GPU
 timeline, NCCL kernels on a stream of their own with the ``Collective name`` args); the layout of
-ranks on GPUs is a pure function (``workbook.gpu.plan``); where torch is asked about CUDA
+ranks on GPUs is a pure function (``workbook.runtime.gpu.plan``); where torch is asked about CUDA
 (``doctor``, the launcher, the benchmarks) ``torch.cuda`` is mocked. What only a GPU can show
 (the labs graded on CUDA, overlap from real kernels) is ``tests/gpu``, which skips here.
 """
@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbook import gpu, trace
+from workbook import trace
+from workbook.runtime import gpu
 from workbook.trace import intervals as iv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -290,7 +291,7 @@ def test_overlap_checks_grade_a_cuda_trace(tmp_path):
 
 
 def test_bench_domino_figures_from_a_cuda_trace(tmp_path):
-    from workbook.bench_domino import _gpu_figures
+    from workbook.tensor_parallel.domino_bench import _gpu_figures
     f = _gpu_figures(12.5, trace.load_trace(write(tmp_path, one_step_two_phases())))
     assert f == {"step_ms": 12.5, "comm_ms": pytest.approx(0.55), "exposed_comm_ms": pytest.approx(0.4),
                  "overlap_fwd_pct": pytest.approx(50.0),
@@ -362,7 +363,7 @@ def fake_gpus(monkeypatch):
 
 
 def test_the_launcher_asks_torch_for_the_machine(fake_gpus):
-    from workbook.ranks import choose_backend, rank_layout
+    from workbook.runtime.ranks import choose_backend, rank_layout
     fake_gpus([H100, H100])
     assert gpu.nccl_version() == (2, 21, 5) and gpu.gpu_names() == [H100, H100]
     assert choose_backend(None, 2) == "nccl"
@@ -430,7 +431,7 @@ def test_doctor_without_a_gpu(capsys, monkeypatch):
 
 
 def test_grading_runs_link_checks_on_cpu_ranks_and_the_rest_where_the_machine_says(monkeypatch):
-    from workbook import launch
+    from workbook.runtime import launch
     from workbook.grading import engine
     asked = []
 
@@ -446,20 +447,20 @@ def test_grading_runs_link_checks_on_cpu_ranks_and_the_rest_where_the_machine_sa
 
 
 def test_traces_record_cuda_only_on_a_rank_whose_tensors_are_on_a_gpu(fake_gpus):
-    from workbook import ranks
+    from workbook.runtime import ranks
     from workbook.trace import capture
     fake_gpus([H100])
-    assert capture.rank_device().type == "cuda" and capture.hardware() == H100   # a plain script
+    assert capture.profiled_device().type == "cuda" and capture.hardware() == H100   # a plain script
     ranks._CONTEXT, saved = ranks.RankContext(0, 2, 0, "gloo", "cpu"), ranks._CONTEXT
     try:
-        assert capture.rank_device().type == "cpu" and capture.hardware().startswith("CPU")
+        assert capture.profiled_device().type == "cpu" and capture.hardware().startswith("CPU")
     finally:
         ranks._CONTEXT = saved
 
 
 # --------------------------------------------------------------------------- labels of the benchmarks
 def test_bench_names_the_gpu_and_simulates_nothing_unasked():
-    from workbook.bench import source
+    from workbook.communication.collectives_bench import source
     first = {"device": H100, "backend": "nccl", "link": None}
     one_each = gpu.plan(2, 2, (2, 21, 5), {})
     assert source(first, one_each) == f"real {H100} (nccl), no simulated link"
@@ -470,7 +471,7 @@ def test_bench_names_the_gpu_and_simulates_nothing_unasked():
 
 
 def test_bench_domino_picks_no_link_on_gpus_and_dgx_h100_on_cpu(fake_gpus):
-    from workbook.bench_domino import resolve
+    from workbook.tensor_parallel.domino_bench import resolve
     fake_gpus([H100, H100])
     layout, link = resolve(None, None, 2)
     assert (layout.backend, link) == ("nccl", "none")
@@ -484,7 +485,7 @@ def test_bench_domino_picks_no_link_on_gpus_and_dgx_h100_on_cpu(fake_gpus):
 
 
 def test_bench_domino_report_on_gpus_names_them():
-    from workbook.bench_domino import _combine, report
+    from workbook.tensor_parallel.domino_bench import _combine, report
     row = {"step_ms": 10.0, "comm_ms": 2.0, "exposed_comm_ms": 0.5, "overlap_fwd_pct": 80.0,
            "overlap_bwd_pct": 70.0, "gloo_arrival_ms": None, "beyond_modelled_ms": None}
     per_rank = [{"variants": {"vanilla_tp": dict(row, exposed_comm_ms=2.0, overlap_fwd_pct=1.0),

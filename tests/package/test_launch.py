@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workbook import launch
-from workbook.launch import RankFailed, RankPool, RanksTimedOut
+from workbook.runtime import launch
+from workbook.runtime.launch import RankFailed, RankPool, RanksTimedOut
 
 
 def rank_and_sum():
@@ -166,7 +166,7 @@ def test_lab_code_runs_unchanged_under_torchrun(tmp_path):
     script = tmp_path / "lab.py"
     script.write_text(textwrap.dedent("""
         import torch, torch.distributed as dist
-        from workbook import launch
+        from workbook.runtime import launch
 
         def check():
             t = torch.tensor([dist.get_rank() + 1.0])

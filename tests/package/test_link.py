@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workbook import launch, link
+from workbook import link
+from workbook.runtime import launch
 from workbook.link import Link, bus_factor, make_link
 
 
@@ -201,14 +202,15 @@ def test_nodes_must_split_the_ranks_evenly():
 
 def every_op_through_host_copies():
     """Each op with every tensor staged through a host copy, as GPU tensors are on gloo-cuda
-    ranks (``link.needs_host_copy`` says yes to CPU tensors here): results land in the caller's
+    ranks (``gloo_backend.needs_host_copy`` says yes to CPU tensors here): results land in the caller's
     tensors, inputs are left alone."""
-    staged, real = [], link.needs_host_copy
-    link.needs_host_copy = lambda tensor: staged.append(tensor.numel()) or True
+    from workbook.link import gloo_backend
+    staged, real = [], gloo_backend.needs_host_copy
+    gloo_backend.needs_host_copy = lambda tensor: staged.append(tensor.numel()) or True
     try:
         got = _every_op()
     finally:
-        link.needs_host_copy = real                     # the pool's rank goes on as it was
+        gloo_backend.needs_host_copy = real             # the pool's rank goes on as it was
     got["staged"] = len(staged)
     return got
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from workbook.multinode import NetnsPair, job_exit_code, run_nodes
+from workbook.runtime.multinode import NetnsPair, job_exit_code, run_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_S = 100                              # a run's hard limit: run_nodes stops it past that
@@ -86,7 +86,7 @@ def _netns_id(name: str) -> str:
 
 
 def test_ranks_run_on_two_hosts_and_a_ranks_error_ends_both(pair):
-    nodes = _run(pair, ["-m", "workbook.multinode_probe", "--fail-rank", "3"])
+    nodes = _run(pair, ["-m", "workbook.grading.multinode_probe", "--fail-rank", "3"])
     out = nodes[0].output
     records = _probe_records(out + nodes[1].output)
     assert [int(r["rank"]) for r in records] == [0, 1, 2, 3]
@@ -150,7 +150,7 @@ def test_a_host_killed_mid_run_ends_the_other_naming_the_silent_ranks(pair):
 
     killer = threading.Thread(target=kill_host_1, daemon=True)
     killer.start()
-    nodes = _run(pair, ["-m", "workbook.multinode_probe", "--hold", "--timeout", "4"],
+    nodes = _run(pair, ["-m", "workbook.grading.multinode_probe", "--hold", "--timeout", "4"],
                  echo=lambda i, line: "PROBE [" in line and started.set())
     ended = time.monotonic()
     killer.join(timeout=15)

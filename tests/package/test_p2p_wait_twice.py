@@ -1,12 +1,12 @@
 """A point-to-point work may be waited on twice (and a hang in its wait names it), as on NCCL: gloo's send and receive works block
 for ever on a second ``wait()``, so the flight recorder hands learners works that wait once
-(``workbook.flight.WaitOnce``). A ring that waits again on an exchange it already waited on must
+(``workbook.runtime.flight.WaitOnce``). A ring that waits again on an exchange it already waited on must
 finish, on plain gloo and on the simulated link alike."""
 from __future__ import annotations
 
 import pytest
 
-from workbook import launch
+from workbook.runtime import launch
 
 
 def _exchange_and_wait_twice():

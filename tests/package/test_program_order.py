@@ -1,6 +1,6 @@
 """Program order, not the clock: whether a GEMM ran between an op's start and its first wait.
 
-The overlap graders' structure checks read ``workbook.program_order.waited_at_once`` on the
+The overlap graders' structure checks read ``workbook.link.program_order.waited_at_once`` on the
 link's op log. These tests pin the rule where the clock would get it wrong: a rank that sleeps
 (a descheduled rank on a loaded machine) between an all-reduce's start and its wait has still
 hidden nothing, and a GEMM that runs in a few microseconds has still been placed correctly.
@@ -10,9 +10,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from workbook import launch, link
+from workbook import link
+from workbook.runtime import launch
 from workbook.link import Link
-from workbook.program_order import CountGemms, gemms_run, waited_at_once
+from workbook.link.program_order import CountGemms, gemms_run, waited_at_once
 
 SLOW = Link("dgx-h100", bandwidth_Bps=40e6, latency_s=0.0, local_flops=5e10, scale=1.0)
 

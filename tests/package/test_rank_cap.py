@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from workbook.grading import engine
-from workbook.pool import _POOLS, shared_pool
+from workbook.runtime.pool import _POOLS, shared_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 

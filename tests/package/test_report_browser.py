@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from workbook import launch
+from workbook.runtime import launch
 from workbook.grading import load_lab
 from workbook.trace.capture import rank_trace
 from workbook.trace.report import write_report

@@ -1,4 +1,4 @@
-"""The link with nodes (``workbook.topology``): each cost against a value computed by hand.
+"""The link with nodes (``workbook.link.topology``): each cost against a value computed by hand.
 
 The fabrics are round numbers so every expected value can be checked on paper: inside a node
 100 GB/s and 1 us, between nodes 10 GB/s per rank and 10 us, four ranks per node, S = 1 GB.
@@ -6,7 +6,7 @@ The fabrics are round numbers so every expected value can be checked on paper: i
 import pytest
 
 from workbook.link import make_link
-from workbook.topology import NETWORK, NVLINK, Fabric, Topology
+from workbook.link.topology import NETWORK, NVLINK, Fabric, Topology
 
 S = 1e9
 TOPO = Topology(4, Fabric(100e9, 1e-6), Fabric(10e9, 10e-6))

@@ -131,7 +131,7 @@ def test_register_into_a_parent_parser():
 # ---------------------------------------------------------------- view, report, merge
 
 def test_timeline_bars_and_webgl(monkeypatch):
-    from workbook import colors
+    from workbook.trace import colors
     from workbook.trace import view
     fig = trace.timeline_figure(SIM)
     kinds = {d.name: d for d in fig.data}

@@ -1,7 +1,7 @@
 """Reusable checks for the grading tests, each failing with a message that teaches.
 
 A grading test collects, on every rank, what the learner's code produced and which
-``torch.distributed`` calls it made (``workbook.flight.RECORDER``), and hands both to these
+``torch.distributed`` calls it made (``workbook.runtime.flight.RECORDER``), and hands both to these
 functions. Every message starts with the rank, names what was being checked, and says what
 was expected and what was found::
 

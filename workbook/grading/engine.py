@@ -122,7 +122,7 @@ def graded_size(n: int, *sizes: int) -> int:
 def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=None,
              nnodes: int = 1, **kwargs):
     """``fn(*args, **kwargs)`` on ``n`` ranks; the per-rank results, indexed by rank.
-    ``nnodes``: the ranks form that many simulated nodes (``workbook.launch.run``); under
+    ``nnodes``: the ranks form that many simulated nodes (``workbook.runtime.launch.run``); under
     torchrun the job's own nodes.
 
     ``key``: tests that read the same run pass the same key; the run (or its exception) is
@@ -141,9 +141,9 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
         if STATE.job is not None:
             value = STATE.job.run(n, fn, args, kwargs, link=link, timeout=_within_deadline(timeout))
         else:
-            from workbook.launch import shared_pool
-            from workbook.ranks import backend_for_link
-            from workbook.pool import release_freed_memory
+            from workbook.runtime.launch import shared_pool
+            from workbook.runtime.ranks import backend_for_link
+            from workbook.runtime.pool import release_freed_memory
             release_freed_memory()                  # what the last judge freed, before ranks run
             started = time.monotonic()
             pool = shared_pool(n, backend_for_link(link), max_live=_live_ranks(n), nnodes=nnodes)
@@ -178,7 +178,7 @@ def _within_deadline(timeout: float) -> float:
         return timeout
     left = round(STATE.deadline - time.monotonic(), 1)
     if left <= 0:
-        from workbook.pool import RanksTimedOut
+        from workbook.runtime.pool import RanksTimedOut
         raise RanksTimedOut("this test's time limit was spent before its next run on ranks began")
     return min(timeout, left)
 
@@ -244,7 +244,7 @@ def _learner_frame(exc) -> str:
 
 def verdict_for(lab: str, name: str, points: float, exc: BaseException | None) -> Verdict:
     """Turn a check's outcome (None: it returned) into a verdict with a one-paragraph message."""
-    from workbook.pool import RanksTimedOut
+    from workbook.runtime.pool import RanksTimedOut
     if exc is None:
         return Verdict(lab, name, points, PASSED)
     stub = not_implemented_message(exc)

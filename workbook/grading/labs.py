@@ -17,6 +17,18 @@ ENV_IMPL = "WORKBOOK_IMPL"
 ENV_ROOT = "WORKBOOK_ROOT"
 LABS = ["collectives", "ring_allreduce", "async_overlap", "tp", "sp", "domino", "overlap_math",
         "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring"]
+#: The family folder of ``workbook/`` that holds each lab's given pieces, bench, report and helpers.
+FAMILY = {"collectives": "communication", "ring_allreduce": "communication",
+          "async_overlap": "communication", "overlap_math": "communication",
+          "tp": "tensor_parallel", "sp": "tensor_parallel", "domino": "tensor_parallel",
+          "tp_overlap": "tensor_parallel", "dp_overlap": "data_parallel",
+          "pp_overlap": "pipeline_parallel", "cp_ring": "context_parallel"}
+
+
+def lab_module(lab: str, role: str) -> str:
+    """The dotted name of lab ``lab``'s ``role`` module (``report``, ``bench``, ``lesson``):
+    ``workbook.<family>.<lab>_<role>``; a lab's name finds all its files."""
+    return f"workbook.{FAMILY[lab]}.{lab}_{role}"
 
 
 def repo_root() -> Path:

@@ -29,7 +29,7 @@ import pytest
 from workbook.grading import engine
 from workbook.grading.labs import LABS, impl_dir
 from workbook.grading.plugin import _label, graded_results, grading_mark
-from workbook.pool import RanksTimedOut, close_shared_pools
+from workbook.runtime.pool import RanksTimedOut, close_shared_pools
 
 NOT_RUN = "not run: the time budget was spent"
 ALARM_GRACE_S = 5.0         # the alarm fires this long after a test's deadline: a run on ranks

@@ -11,7 +11,7 @@ judges in this order (``async_overlap`` and ``domino`` today; every later lab th
    never started with ``async_op=True``, a wait placed before the compute it should hide
    behind, a handle never waited on. "Waited on before compute could hide it" is counted, not
    timed: the link notes how many GEMMs the rank had run when an op started and when it was
-   first waited on (``workbook.program_order``). A structural mistake fails at once, with a
+   first waited on (``workbook.link.program_order``). A structural mistake fails at once, with a
    message that names it, on every run and under any load.
 2. **The figure, rank skew excluded.** The overlap figure counts communication as exposed only
    while the rank waited on the *schedule*: time waiting for a peer that issued the same

@@ -26,7 +26,7 @@ import threading
 import time
 
 PG_MARGIN_S = 60.0           # the process group's timeout, above the watchdog's
-EXIT_WITHIN_S = 20.0         # after a hang report (or the last verdict), every rank is gone by then
+from workbook.runtime.multinode import EXIT_WITHIN_S  # noqa: E402
 
 
 class JobRanks:
@@ -35,7 +35,7 @@ class JobRanks:
     def __init__(self, timeout: float, backend: str | None = None):
         import torch
         import torch.distributed as dist
-        from workbook.ranks import choose_backend, init_rank, threads_per_rank
+        from workbook.runtime.ranks import choose_backend, init_rank, threads_per_rank
         self.store, self.rank, self.world = next(dist.rendezvous("env://"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
@@ -53,10 +53,10 @@ class JobRanks:
     # -- one check's rank side on every rank
     def run(self, n: int, fn, args, kwargs, *, link: str, timeout: float) -> list:
         import torch.distributed as dist
-        from workbook import flight
+        from workbook.runtime import flight
         from workbook.grading.engine import Skipped
-        from workbook.pool import _describe_error, _primary, _reraise
-        from workbook.ranks import set_link
+        from workbook.runtime.pool import _describe_error, _primary, _reraise
+        from workbook.runtime.ranks import set_link
         if n != self.world:
             raise Skipped(f"runs on {n} ranks; this job has {self.world}")
         self.seq += 1
@@ -157,7 +157,7 @@ class Watchdog(threading.Thread):
                 self.fire()
 
     def fire(self) -> None:
-        from workbook import flight
+        from workbook.runtime import flight
         from workbook.grading.engine import STATE
         job = self.job
         threading.Timer(EXIT_WITHIN_S, os._exit, (0 if job.local_rank else 2,)).start()

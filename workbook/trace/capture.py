@@ -40,6 +40,7 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from workbook import link
+from workbook.runtime import ranks
 from workbook.trace.classify import CAPTURE_MARKERS
 
 # empty ranges the analysis sets aside (classify.CAPTURE_MARKERS): not the rank's compute
@@ -61,18 +62,18 @@ def _agree(key: str, make) -> str:
     return store.get(key).decode()
 
 
-def rank_device() -> torch.device:
-    """Where this rank's tensors live: the launcher's choice inside a rank (a CPU rank on a GPU
-    machine is a CPU rank), else the GPU when there is one."""
-    try:
-        from workbook.ranks import device
-        return device()
-    except RuntimeError:                  # not started by the launcher (a plain script)
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def profiled_device() -> torch.device:
+    """The device a trace records: inside a launched rank, the rank's own (``ranks.device()``: a
+    CPU rank on a GPU machine is a CPU rank); in a plain script, the GPU when there is one."""
+    if ranks.inside_rank():
+        return ranks.device()
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def hardware() -> str:
-    dev = rank_device()
+    dev = profiled_device()
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
     return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
@@ -175,7 +176,7 @@ def rank_trace(run_dir, *, lab: str = "", run_id: str | None = None):
     run_id = run_id or _agree("workbook/run_id", lambda: uuid.uuid4().hex[:12])
     run_dir.mkdir(parents=True, exist_ok=True)
     activities = [ProfilerActivity.CPU]
-    on_gpu = torch.cuda.is_available() and rank_device().type == "cuda"
+    on_gpu = torch.cuda.is_available() and profiled_device().type == "cuda"
     if on_gpu:                            # kernels, NCCL's included, on their CUDA streams
         activities.append(ProfilerActivity.CUDA)
     _warm_up_profiler(activities)

@@ -2,7 +2,7 @@
 
 A timeline has one row per (rank, track): a host thread, a CUDA stream, the
 simulated link.  Each span is coloured by what kind of time it is (the
-course palette of :mod:`workbook.colors`), and below each rank a thin row
+course palette of :mod:`workbook.trace.colors`), and below each rank a thin row
 marks in red its *exposed* communication -- the stretches during which the
 rank communicates and computes nothing.  Hovering a span shows its name,
 duration, thread and kind of time and, for communication, the bytes it moved;
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import colors
+from workbook.trace import colors
 from . import intervals as iv
 from .analyse import all_compute, analyse, step_metrics
 from .classify import (COMM, COMPUTE, KINDS, LATE, MEMCPY, WAIT, canonical_collective, classify,

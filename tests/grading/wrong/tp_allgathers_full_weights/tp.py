@@ -3,7 +3,7 @@ tensor parallelism. Each linear all-gathers the full weight (and the row layer i
 and computes the whole product on every rank. Numbers are right; the communication is
 all-gathers of weights instead of all-reduces of activations."""
 from workbook.grading.labs import run_reference_in
-from workbook.tp import tp_rank
+from workbook.tensor_parallel.mappings import tp_rank
 
 run_reference_in(globals(), "tp")
 

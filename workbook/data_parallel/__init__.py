@@ -1,0 +1,28 @@
+"""Family: data parallelism and the distributed optimizer (lab ``dp_overlap``): the given
+pieces (``data_parallel``), the lab's benchmark and report.
+
+A family imports the layers below it, never another family. This ``__init__`` only re-exports
+the given pieces, each imported on first use (so a family's bench or report imports no torch
+until it needs it).
+"""
+from __future__ import annotations
+
+import importlib
+
+_GIVEN = {
+    "ADAM": "data_parallel", "dp_rank": "data_parallel", "dp_world_size": "data_parallel",
+    "local_rows": "data_parallel", "layer_units": "data_parallel",
+    "FlatParameters": "data_parallel", "Trainer": "data_parallel",
+    "train_reference": "data_parallel", "KINDS": "data_parallel", "STAGE": "data_parallel",
+    "memory_by_kind": "data_parallel", "predicted_memory": "data_parallel"
+}
+
+
+def __getattr__(name: str):          # PEP 562: ``from workbook.data_parallel import X``
+    if name not in _GIVEN:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_GIVEN[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_GIVEN))

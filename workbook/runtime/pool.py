@@ -1,0 +1,408 @@
+"""A pool of live rank processes: start Python and torch once, then run check after check.
+
+Starting a rank costs seconds (Python, then ``import torch``); a grader runs hundreds of small
+distributed checks. ``RankPool(n)`` starts ``n`` rank processes once; each ``pool.run(fn)`` then
+sends ``fn`` (by value, with cloudpickle, so notebook functions work) to every rank over a pipe
+and collects the results, in milliseconds.
+
+Failure handling, the part learners meet most:
+
+* a rank that raises sends back its exception and formatted traceback, then tears down its
+  process group so that peers blocked on it fail fast; the caller gets the *first real* error
+  (a peer's "connection closed" is secondary) with a note naming the rank;
+* after a failure the ranks build fresh process groups (a new store prefix) in the same
+  processes; a rank that died or never answered closes the pool instead;
+* after ``timeout`` seconds the caller gets ``RanksTimedOut`` with the flight recorder's
+  per-rank report, and every rank is killed;
+* ranks die with the launching process (``PR_SET_PDEATHSIG``), so nothing is left running.
+
+The rendezvous store listens on a port the OS picks (port 0): parallel pools never collide.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing import get_context
+from multiprocessing.connection import wait as wait_for_pipes
+from multiprocessing.shared_memory import SharedMemory
+
+import cloudpickle
+
+from workbook.runtime.ranks import choose_backend, init_rank, set_link, threads_per_rank
+
+DEFAULT_TIMEOUT = 60.0         # seconds a run may take before it is a hang (the report, not gloo's error)
+PROCESS_GROUP_TIMEOUT_S = 3600.0   # the pool is the watchdog: gloo's own timeout never fires first
+# Imported once in the fork server, so that every rank shares these pages instead of importing
+# its own copy: symbolic_shapes (and sympy, 30+ MB) is what torch imports on the first
+# ``backward(gradient)`` of a rank, which most labs' checks make.
+PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "cloudpickle",
+           "workbook.link", "workbook.runtime.flight", "workbook.runtime.ranks"]
+
+
+def _rank_start_context():
+    """How rank processes start: a fork server that imported torch once (Linux), else spawn.
+
+    Importing torch is most of a rank's start-up (seconds). The fork server pays it once and
+    forks every later rank from there: no threads have started in it, so forking is safe."""
+    import multiprocessing
+    if os.environ.get("WORKBOOK_START_METHOD") == "spawn" or \
+            "forkserver" not in multiprocessing.get_all_start_methods():
+        return get_context("spawn")
+    ctx = get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+ERROR_GRACE_S = 3.0            # after a first error, how long peers get to report theirs
+
+
+class RanksTimedOut(TimeoutError):
+    """The ranks did not finish in time; the message holds the per-rank hang report."""
+
+
+class RankFailed(RuntimeError):
+    """A rank raised an exception that could not be sent back as itself."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a rank's formatted traceback as the ``__cause__`` of the re-raised exception."""
+
+    def __str__(self):
+        return "\n" + self.args[0]
+
+
+def _describe_error(rank: int, exc: BaseException) -> dict:
+    import torch.distributed as dist
+    text = "".join(traceback.format_exception(exc))
+    secondary = isinstance(exc, getattr(dist, "DistBackendError", ())) or any(
+        s in str(exc) for s in ("Connection closed by peer", "Connection reset", "Broken pipe",
+                                "Socket Timeout", "Timed out waiting", "NCCL communicator was aborted"))
+    try:
+        payload = pickle.dumps(exc)
+        pickle.loads(payload)
+    except Exception:
+        payload = None
+    return {"rank": rank, "type": type(exc).__name__, "message": str(exc), "traceback": text,
+            "secondary": secondary, "pickled": payload}
+
+
+def _die_with_parent() -> None:
+    """Linux: deliver SIGKILL to this rank when the launching process goes away."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def release_freed_memory() -> None:
+    """Give the heap that a finished task freed back to the system (glibc keeps it otherwise:
+    a rank that once held a large model would go on holding its pages while it waits). A few
+    milliseconds; nothing where the C library is not glibc."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            import ctypes
+            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM = None
+
+
+def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_path, env, nnodes=1):
+    """The loop of a spawned rank: initialise once, then run tasks until told to stop."""
+    import gc
+    gc.freeze()     # what the fork server imported stays shared: the collector never writes to it
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the launcher's to handle
+    os.environ.update(env)
+    sys.path[:] = parent_path
+    import torch
+    import torch.distributed as dist
+    from workbook import link
+    from workbook.runtime import flight
+
+    torch.set_num_threads(threads_per_rank(world_size))
+    shm = SharedMemory(name=shm_name)
+    flight.RECORDER.slot = shm.buf[rank * flight.SLOT_BYTES:(rank + 1) * flight.SLOT_BYTES]
+    store = dist.TCPStore("127.0.0.1", store_port, world_size + 1, is_master=False,
+                          timeout=timedelta(seconds=60))
+    per_node = world_size // nnodes                   # simulated nodes, numbered as torchrun does
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % per_node),
+                      LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node),
+                      WORKBOOK_RANKS_HERE=str(world_size))
+    links: dict = {}
+    generation, exit_code = 0, 0
+    try:
+        init_rank(rank, world_size, rank, backend, store, generation, PROCESS_GROUP_TIMEOUT_S)
+        conn.send(("ready", None))
+        while True:
+            msg = conn.recv()
+            if msg[0] == "close":
+                break
+            if msg[0] == "reinit":                    # after a failed task: a fresh group
+                generation = msg[1]
+                links.clear()
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                init_rank(rank, world_size, rank, backend, store, generation, PROCESS_GROUP_TIMEOUT_S)
+                conn.send(("ready", None))
+                continue
+            _, task_id, payload, preset, timeout_s = msg
+            flight.RECORDER.reset()
+            try:
+                fn, args, kwargs = cloudpickle.loads(payload)
+                set_link(preset, links)
+                result = fn(*args, **kwargs)
+                payload = pickle.dumps(("ok", task_id, result))
+                fn = args = kwargs = result = None
+                conn.send_bytes(payload)
+            except BaseException as exc:              # noqa: BLE001 - every failure goes back
+                report = _describe_error(rank, exc)
+                try:                                  # unblock peers waiting on this rank
+                    dist.destroy_process_group()
+                except Exception:
+                    pass
+                link.set_link(None)
+                conn.send_bytes(pickle.dumps(("err", task_id, report)))
+            payload = None
+            release_freed_memory()
+    except BaseException:                             # noqa: BLE001 - start-up failed: say why
+        traceback.print_exc()
+        exit_code = 1
+    finally:
+        flight.RECORDER.slot = None
+        shm.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)  # skip C++ teardown of live gloo threads ("terminate called ...")
+
+
+# --------------------------------------------------------------------------- the pool
+class RankPool:
+    """``world_size`` live rank processes that run task after task (see the module docstring)."""
+
+    def __init__(self, world_size: int, backend: str | None = None, *, link: str = "none",
+                 master_port: int | None = None, start_timeout: float = 120.0, nnodes: int = 1):
+        import torch.distributed as dist
+        from workbook.runtime import flight
+        check_nodes(world_size, nnodes)
+        self.backend = choose_backend(backend, world_size, link)
+        self.world_size = world_size
+        try:
+            self._store = dist.TCPStore("127.0.0.1", master_port or 0, world_size + 1,
+                                        is_master=True, timeout=timedelta(seconds=60),
+                                        wait_for_workers=False)
+        except Exception as exc:                      # noqa: BLE001
+            raise ValueError(f"port {master_port} is already in use on 127.0.0.1: pass another "
+                             f"master port or leave it unset to pick a free one ({exc})") from None
+        self._shm = SharedMemory(create=True, size=world_size * flight.SLOT_BYTES)
+        self._shm.buf[:] = b"\0" * len(self._shm.buf)
+        ctx = _rank_start_context()
+        self._conns, self._procs = [], []
+        env = {k: v for k, v in os.environ.items() if k.startswith(("WORKBOOK_", "CUDA", "NCCL"))}
+        for rank in range(world_size):
+            parent_end, child_end = ctx.Pipe()
+            p = ctx.Process(target=_rank_main, daemon=True, name=f"workbook-rank{rank}",
+                            args=(rank, world_size, self.backend, self._store.port, child_end,
+                                  self._shm.name, list(sys.path), env, nnodes))
+            p.start()
+            child_end.close()
+            self._conns.append(parent_end)
+            self._procs.append(p)
+        self._task_id = 0
+        self._busy = False           # the ranks are running a task this process waits on
+        self._generation = 0
+        self.closed = False
+        self._await_ready(start_timeout)
+
+    @property
+    def port(self) -> int:
+        return self._store.port
+
+    def _await_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for rank, conn in enumerate(self._conns):
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                self.close()
+                raise RanksTimedOut(f"rank {rank} did not start within {timeout:g} s")
+            try:
+                kind, _ = conn.recv()
+            except EOFError:
+                self.close()
+                raise RankFailed(f"rank {rank} exited while starting (exit code "
+                                 f"{self._procs[rank].exitcode})") from None
+            assert kind == "ready"
+
+    def run(self, fn, *args, link: str = "none", timeout: float = DEFAULT_TIMEOUT, **kwargs) -> list:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results indexed by rank."""
+        if self.closed:
+            raise RuntimeError("this RankPool is closed")
+        choose_backend(self.backend, self.world_size, link)
+        self._task_id += 1
+        payload = cloudpickle.dumps((fn, args, kwargs))
+        try:
+            return self._run_task(payload, link, timeout)
+        except BaseException:
+            if self._busy:     # interrupted mid-task (a notebook's stop button, a test's time
+                self.close(force=True)   # limit): the ranks' late replies must answer no one
+            raise
+
+    def _run_task(self, payload: bytes, link: str, timeout: float) -> list:
+        self._busy = True
+        for conn in self._conns:
+            conn.send(("run", self._task_id, payload, link, timeout))
+        results: dict[int, object] = {}
+        errors: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout
+        first_error_at = None
+        pending = dict(enumerate(self._conns))
+        while pending:
+            limit = deadline if first_error_at is None else min(deadline, first_error_at + ERROR_GRACE_S)
+            ready = wait_for_pipes(list(pending.values()), max(0.0, limit - time.monotonic()))
+            if not ready:
+                break
+            for conn in ready:
+                rank = self._conns.index(conn)
+                try:
+                    kind, task_id, value = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    code = self._procs[rank].exitcode
+                    errors[rank] = {"rank": rank, "type": "RankFailed", "secondary": False,
+                                    "message": f"rank {rank} died (exit code {code})",
+                                    "traceback": "", "pickled": None}
+                    pending.pop(rank)
+                    continue
+                if task_id != self._task_id:       # a reply to an earlier task: not this one's
+                    continue
+                pending.pop(rank)
+                if kind == "ok":
+                    results[rank] = value
+                else:
+                    errors[rank] = value
+                    first_error_at = first_error_at or time.monotonic()
+        self._busy = False
+        if errors:
+            self._recover(pending)
+            raise _reraise(_primary(errors), self.world_size)
+        if pending:
+            from workbook.runtime import flight
+            slots = [flight.read_slot(self._shm.buf[r * flight.SLOT_BYTES:(r + 1) * flight.SLOT_BYTES])
+                     for r in range(self.world_size)]
+            report = flight.hang_report(slots, timeout)
+            self.close(force=True)
+            raise RanksTimedOut(report)
+        return [results[r] for r in range(self.world_size)]
+
+    def _recover(self, still_running: dict) -> None:
+        """After a failure: fresh process groups in the same processes, or a closed pool."""
+        if still_running or not all(p.is_alive() for p in self._procs):
+            self.close(force=True)
+            return
+        self._generation += 1
+        try:
+            for conn in self._conns:
+                conn.send(("reinit", self._generation))
+            for conn in self._conns:
+                if not conn.poll(30) or conn.recv()[0] != "ready":
+                    raise EOFError
+        except (EOFError, OSError):
+            self.close(force=True)
+
+    def alive(self) -> bool:
+        return not self.closed and all(p.is_alive() for p in self._procs)
+
+    def close(self, force: bool = False) -> None:
+        """Stop every rank (politely unless ``force``, then by kill) and free the shared memory."""
+        if self.closed:
+            return
+        self.closed = True
+        for conn in self._conns:
+            try:
+                conn.send(("close",))
+            except Exception:
+                pass
+        deadline = time.monotonic() + (0.0 if force else 2.0)
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._shm.close()
+        try:
+            self._shm.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _primary(errors: dict[int, dict]) -> dict:
+    """The error that caused the others: the first that is not a peer's "connection closed"."""
+    real = [e for e in errors.values() if not e["secondary"]]
+    return (real or list(errors.values()))[0]
+
+
+def _reraise(err: dict, world_size: int) -> BaseException:
+    exc = pickle.loads(err["pickled"]) if err.get("pickled") else RankFailed(
+        f"rank {err['rank']} raised {err['type']}: {err['message']}")
+    exc.__cause__ = RemoteTraceback(err["traceback"]) if err["traceback"] else None
+    try:
+        exc.add_note(f"(raised on rank {err['rank']} of {world_size})")
+        exc.rank = err["rank"]
+    except Exception:
+        pass
+    return exc
+
+
+_POOLS: dict[tuple, RankPool] = {}
+
+
+def check_nodes(world_size: int, nnodes: int) -> None:
+    """``nnodes`` simulated nodes must split ``world_size`` ranks evenly (torchrun's rule)."""
+    if nnodes < 1 or world_size % nnodes:
+        raise ValueError(f"{world_size} ranks do not split into {nnodes} nodes of equal size: "
+                         f"choose a number of nodes that divides the number of ranks")
+
+
+def shared_pool(world_size: int, backend: str | None = None, *,
+                max_live: int | None = None, nnodes: int = 1) -> RankPool:
+    """A pool kept for the life of this process (tests, notebooks); replaced if it broke.
+
+    ``max_live``: the most rank processes this process keeps alive at once; before a new pool
+    starts, the pools used longest ago are closed until it fits (a pool starts from the fork
+    server in a fraction of a second; a small grading machine has memory for few ranks)."""
+    key = (world_size, choose_backend(backend, world_size), nnodes)
+    pool = _POOLS.pop(key, None)                     # re-inserted last: the most recently used
+    if pool is None or not pool.alive():
+        if max_live is not None:
+            for old in list(_POOLS):
+                if sum(k[0] for k in _POOLS) + world_size <= max_live:
+                    break
+                _POOLS.pop(old).close()
+        pool = RankPool(world_size, key[1], nnodes=nnodes)
+    _POOLS[key] = pool
+    return pool
+
+
+@atexit.register
+def close_shared_pools() -> None:
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()

@@ -1,0 +1,39 @@
+"""Family: tensor parallelism (labs ``tp``, ``sp``, ``domino``, ``tp_overlap``).
+
+Given pieces: ``mappings`` (the conjugate f/g region ops, Megatron's ``copy_to_tensor_parallel_region``
+family, vocab-parallel cross-entropy, a rank's slice of a dimension), ``sequence_parallel`` (the
+sequence collectives, blocking or started), ``layer_stack`` (one rank's blocks as plain functions,
+which Domino schedules). Then each lab's benchmark, report and lesson helpers, named after it.
+
+A family imports the layers below it, never another family. This ``__init__`` only re-exports
+the given pieces, each imported on first use (so a family's bench or report imports no torch
+until it needs it).
+"""
+from __future__ import annotations
+
+import importlib
+
+_GIVEN = {
+    "SUBLAYERS": "mappings", "tp_rank": "mappings", "tp_world_size": "mappings",
+    "local_param": "mappings", "vocab_range": "mappings", "sequence_range": "mappings",
+    "row_parallel_name": "mappings", "mark_sequence_parallel": "mappings",
+    "all_reduce_sum": "mappings", "conjugate_op": "mappings",
+    "copy_to_tensor_parallel_region": "mappings", "reduce_from_tensor_parallel_region": "mappings",
+    "vocab_parallel_cross_entropy": "mappings", "split_last_dim": "mappings",
+    "gather_last_dim": "mappings", "Pending": "sequence_parallel",
+    "start_all_gather_sequence": "sequence_parallel",
+    "start_reduce_scatter_sequence": "sequence_parallel",
+    "all_gather_sequence": "sequence_parallel", "reduce_scatter_sequence": "sequence_parallel",
+    "ShardedLinear": "sequence_parallel", "SequenceParallelBlock": "sequence_parallel",
+    "all_reduce_grads": "sequence_parallel", "sync_sequence_parallel_grads": "sequence_parallel"
+}
+
+
+def __getattr__(name: str):          # PEP 562: ``from workbook.tensor_parallel import X``
+    if name not in _GIVEN:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_GIVEN[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_GIVEN))
