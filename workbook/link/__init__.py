@@ -26,7 +26,3 @@ def __getattr__(name: str):          # PEP 562: ``link.set_link``, ``from workbo
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_EXPORTS))

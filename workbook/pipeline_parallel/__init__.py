@@ -24,7 +24,3 @@ def __getattr__(name: str):          # PEP 562: ``from workbook.pipeline_paralle
     if name not in _GIVEN:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_GIVEN[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_GIVEN))
