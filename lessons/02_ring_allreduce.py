@@ -141,13 +141,13 @@ display(W.VBox([W.HBox([n_pick, alpha_us, beta_gbs]), model_out]))
 # (`2(n-1)/n` for all-reduce), the rate the busiest link really ran at. busbw is the number to
 # compare with the hardware's link bandwidth, and it should not depend on `n`.
 #
-# `workbook.communication.collectives_bench` measures it the same way. Here: the built-in all-reduce on 2 CPU ranks over
+# `workbook.communication.bandwidth_bench` measures it the same way. Here: the built-in all-reduce on 2 CPU ranks over
 # the *simulated* DGX-H100 link (lesson 3 explains the simulation; the numbers are those of the
 # CPU-calibrated model, not of a GPU). Small buffers are latency-bound; large ones approach the
 # link's bandwidth.
 
 # %%
-from workbook.communication.collectives_bench import run_bench
+from workbook.communication.bandwidth_bench import run_bench
 
 doc = run_bench("all_reduce", 2, link="dgx-h100", sizes=[1 << k for k in (12, 15, 18, 20, 22)],
                 iters=2, warmup=1, progress=False)

@@ -136,6 +136,8 @@ def stages() -> list[tuple[str, str, list]]:
     wb = [PY, "-m", "workbook.cli"]
     return [
         ("labs/ generated from solutions/", "", [*wb, "assign", "--check"]),
+        # the layout: families side by side, layers below (pyproject.toml, tool.importlinter)
+        ("import contracts", "", [VENV / "bin" / "lint-imports"]),
         # tests/gpu: the GPU suite; without CUDA every test skips (a second, no more)
         ("package tests", "", [PY, "-m", "pytest", "-q", "tests/package", "tests/gpu",
                                "-p", "no:cacheprovider", "--durations=8"]),

@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="fail if labs/ drifted from solutions/")
     p.set_defaults(func=cmd_assign)
 
-    for extra in ("workbook.trace.cli", "workbook.communication.collectives_bench", "workbook.instructor.autograder"):
+    for extra in ("workbook.trace.cli", "workbook.communication.bandwidth_bench", "workbook.instructor.autograder"):
         try:
             __import__(extra, fromlist=["register"]).register(sub)
         except ImportError as exc:

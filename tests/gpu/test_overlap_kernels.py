@@ -120,7 +120,7 @@ def _domino_on_gpu(trace_dir: str) -> dict:
     from workbook import trace
     from workbook.runtime import launch
     from workbook.tensor_parallel.block_bench import inputs
-    from workbook.tensor_parallel.domino_measure import training_step
+    from workbook.tensor_parallel.variant_step import training_step
     from workbook.grading.labs import load_lab
     from workbook.grading.trace_checks import overlap_figures
     from workbook.model import ModelConfig

@@ -68,7 +68,7 @@ def test_schedule_model():
 
 
 def test_sizes_with_binary_suffixes():
-    """``workbook.communication.collectives_bench.parse_size`` reads 256KiB as well as 256K (it once upper-cased the text
+    """``workbook.communication.bandwidth_bench.parse_size`` reads 256KiB as well as 256K (it once upper-cased the text
     and then looked for a lower-case i)."""
     from workbook.measure.bench_cli import parse_size
     assert [parse_size(t) for t in ("4096", "1K", "256KiB", "1MiB", "64M", "1GB", "8B")] == \

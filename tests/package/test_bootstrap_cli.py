@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from workbook import bootstrap
-from workbook.communication import collectives_bench as bench
+from workbook.communication import bandwidth_bench as bench
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "[workbook setup] "

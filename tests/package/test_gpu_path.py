@@ -460,7 +460,7 @@ def test_traces_record_cuda_only_on_a_rank_whose_tensors_are_on_a_gpu(fake_gpus)
 
 # --------------------------------------------------------------------------- labels of the benchmarks
 def test_bench_names_the_gpu_and_simulates_nothing_unasked():
-    from workbook.communication.collectives_bench import source
+    from workbook.communication.bandwidth_bench import source
     first = {"device": H100, "backend": "nccl", "link": None}
     one_each = gpu.plan(2, 2, (2, 21, 5), {})
     assert source(first, one_each) == f"real {H100} (nccl), no simulated link"

@@ -1,14 +1,11 @@
 """Measuring Domino on ranks: what lesson 6, the domino figures and ``workbook bench domino`` share.
 
-* ``training_step``: one step of a variant through the lab's ``train_step``: ``vanilla_tp``,
-  ``no_comm`` (vanilla TP with ``comm=False``), ``domino_intra``, ``domino``, and
-  ``no_comm_domino``: Domino's own schedule with a registry whose ``start`` files a finished
-  handle instead of an all-reduce (on a CPU the chunks' smaller working set can be faster);
 * ``measure`` / ``run_measured``: the lesson's round, a warm-up then a profiled step of each
   variant into ``run_dir/VARIANT``;
 * ``agrees``, ``registry_problem``, ``PretendWork``: is the learner's lab usable yet?
 
-The link's calibration and a profiled step are every family's: ``workbook.measure``.
+A step of each variant: ``variant_step``; the link's calibration and a profiled step are every
+family's: ``workbook.measure``.
 """
 from __future__ import annotations
 
@@ -19,33 +16,7 @@ from pathlib import Path
 
 from workbook.measure.calibration import recalibrate
 from workbook.tensor_parallel.block_bench import inputs
-
-
-class _Done:
-    """The handle of an all-reduce that was never started."""
-
-    def wait(self, *args, **kwargs):
-        return True
-
-    def is_completed(self):
-        return True
-
-
-def silent_registry(lab):
-    """A registry of ``lab`` whose ``start`` communicates nothing (Domino, no communication)."""
-    class Silent(lab.HandleRegistry):
-        def start(self, key, tensor):
-            self.put(key, _Done())
-    return Silent()
-
-
-def training_step(lab, m, x, targets, variant: str, *, p: int = 4, step: int = 0,
-                  lookahead: int = 1) -> None:
-    """One training step of ``variant`` (see the module docstring), then zero the gradients."""
-    silent = variant == "no_comm_domino"
-    lab.train_step(m, x, targets, variant="domino" if silent else variant, p=p, step=step,
-                   lookahead=lookahead, registry=silent_registry(lab) if silent else None)
-    m.zero_grad()
+from workbook.tensor_parallel.variant_step import training_step
 
 
 # --------------------------------------------------------------------------- the lesson's round

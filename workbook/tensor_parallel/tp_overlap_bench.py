@@ -101,7 +101,7 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
     from workbook.tensor_parallel.block_bench import inputs
     from workbook.measure.profiled_step import overlap_fields, profiled_step
     from workbook.measure.calibration import recalibrate
-    from workbook.tensor_parallel.domino_measure import training_step
+    from workbook.tensor_parallel.variant_step import training_step
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
     from workbook.tensor_parallel.mappings import sequence_range
