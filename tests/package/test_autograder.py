@@ -135,7 +135,7 @@ def test_the_zip_holds_what_gradescope_needs(bundle):
                    or "test_tp" in n for n in names)
     with zipfile.ZipFile(bundle) as zf, zipfile.ZipFile(zf.open(wheel)) as whl:
         inside = whl.namelist()
-    assert "workbook/autograder/run.py" in inside and "workbook/grading/limits.py" in inside
+    assert "workbook/instructor/autograder/run.py" in inside and "workbook/grading/limits.py" in inside
     for script in ("setup.sh", "run_autograder"):
         with zipfile.ZipFile(bundle) as zf:
             text = zf.read(script).decode()
