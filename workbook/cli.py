@@ -20,8 +20,7 @@ import os
 import subprocess
 import sys
 
-from workbook.grading.labs import LABS, impl_dir, repo_root
-from workbook.selfcheck import DEFAULT_TIMEOUT_S
+from workbook.grading.labs import LABS, impl_dir, repo_root   # stdlib only: no torch, no pytest
 
 
 def cmd_doctor(args) -> int:
@@ -165,6 +164,7 @@ def _check_link(name: str | None) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from workbook.link import presets as link                # torch-free: the CLI starts fast
+    from workbook.selfcheck import DEFAULT_TIMEOUT_S         # the grading engine: not for `trace`
     parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -274,8 +274,11 @@ BENCH_PARSERS = {name: (lambda name=name: model_bench_parser(name)) for name in 
 
 
 def main(argv=None) -> int:
-    from workbook.runtime.launch import RanksTimedOut
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["trace"]:         # reading traces needs no torch, no pytest, no grader
+        from workbook.trace.cli import main as trace_main
+        return trace_main(argv, prog="workbook")
+    from workbook.runtime.launch import RanksTimedOut
     if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCH_PARSERS:
         args = BENCH_PARSERS[argv[1]]().parse_args(argv[2:])
     else:

@@ -63,7 +63,7 @@ import numpy as np
 
 from . import intervals as iv
 from .classify import (COMM, COMPUTE, LATE, MEMCPY, STEP, WAIT, classify, collective_of,
-                       is_phase_range)
+                       is_phase_range, tracks_with)
 from .load import Trace, TraceError, as_run
 
 
@@ -396,7 +396,7 @@ def kernel_streams(trace, rank: int | None = None) -> list[dict]:
     device_cats = [i for i, c in enumerate(t.cats) if c in ("kernel", "gpu_memcpy", "gpu_memset")]
     on_device = np.isin(t.cat_id, device_cats)
     out = []
-    for tr in np.unique(t.track_id[on_device]).tolist():
+    for tr in tracks_with(t, on_device):
         track = t.tracks[tr]
         row = {"device": track.pid, "stream": track.tid, "name": track.name}
         for kind, label in ((COMM, "comm"), (COMPUTE, "compute"), (MEMCPY, "memcpy")):

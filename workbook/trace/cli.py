@@ -8,7 +8,10 @@
     one multi-rank Chrome trace for Perfetto.
 
 The main ``workbook`` command calls :func:`register` to add these to its own
-argument parser; ``python -m workbook.trace.cli`` runs them on their own.
+argument parser (for ``workbook --help``), and hands ``workbook trace ...``
+to :func:`main`, which builds a parser of these commands only: reading a
+trace imports neither torch nor the grader.  ``python -m workbook.trace.cli``
+runs them on their own too.
 Every handler takes the parsed ``argparse.Namespace`` and returns an exit
 code: 0 on success, 2 when the input cannot be read (with a one-line
 ``error:`` message naming the file, never a traceback).  Unreadable ranks
@@ -127,13 +130,22 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workbook.trace.cli")
+def main(argv=None, prog: str = "python -m workbook.trace.cli") -> int:
+    """Run ``trace summary|report|merge`` given as ``argv`` (``["trace", "summary", ...]``).
+
+    ``workbook trace ...`` comes straight here (``prog="workbook"``) before the
+    main command builds its full parser: that parser imports the grader and
+    the benchmarks to list them, and reading a trace needs none of it.
+    """
+    parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="command")
     sub.required = True
     register(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":
