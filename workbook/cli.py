@@ -6,6 +6,7 @@
     workbook grade [--lab LAB] [--impl]   grade labs/ (or solutions/, or a folder) with points
     workbook assign [--check]             make labs/ from solutions/ (or check they agree)
     workbook trace summary|report|merge   read, show and combine profiler traces
+    workbook site build [-o DIR]          the course site (README, docs/, lessons) with MkDocs
     workbook bench COLLECTIVE             nccl-tests-style bandwidth table
     workbook bench domino                 Domino vs vanilla TP vs no communication
     workbook bench tp_overlap             SP's comm inside the GEMMs vs plain SP vs Domino
@@ -227,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
     p.set_defaults(func=cmd_grade)
 
+    p = sub.add_parser("site", help="build the course site (README, docs/, lessons) with MkDocs",
+                       add_help=False)
+    p.add_argument("site_args", nargs=argparse.REMAINDER, help="build [-o DIR] [--executed DIR]")
+    p.set_defaults(func=lambda a: _site_main(a.site_args))
+
     p = sub.add_parser("assign", help="generate labs/ from solutions/")
     p.add_argument("--check", action="store_true", help="fail if labs/ drifted from solutions/")
     p.set_defaults(func=cmd_assign)
@@ -273,11 +279,18 @@ def model_bench_parser(name: str) -> argparse.ArgumentParser:
 BENCH_PARSERS = {name: (lambda name=name: model_bench_parser(name)) for name in MODEL_BENCHES}
 
 
+def _site_main(argv) -> int:
+    from workbook.site import main as site_main
+    return site_main(argv)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["trace"]:         # reading traces needs no torch, no pytest, no grader
         from workbook.trace.cli import main as trace_main
         return trace_main(argv, prog="workbook")
+    if argv[:1] == ["site"]:          # its own parser (MkDocs options), like trace
+        return _site_main(argv[1:])
     from workbook.runtime.launch import RanksTimedOut
     if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCH_PARSERS:
         args = BENCH_PARSERS[argv[1]]().parse_args(argv[2:])
