@@ -156,3 +156,15 @@ def test_the_folder_graph_is_at_most_eight_layers_deep_and_acyclic():
         return depth[node]
 
     assert max(longest(n) for n in list(edges)) <= 8, depth
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILY.values())))
+def test_a_family_re_exports_only_names_its_modules_define(family):
+    import importlib
+    package = importlib.import_module(f"workbook.{family}")
+    assert package._GIVEN, family
+    for name, module in package._GIVEN.items():
+        assert getattr(package, name) is getattr(
+            importlib.import_module(f"workbook.{family}.{module}"), name), name
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_piece'"):
+        package.no_such_piece

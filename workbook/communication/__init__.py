@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-_GIVEN = {
-    "combine": "reduce_ops"
-}
+_GIVEN = dict.fromkeys(("MAX", "MIN", "SUM", "combine"), "reduce_ops")
 
 
 def __getattr__(name: str):          # PEP 562: ``from workbook.communication import X``

@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import importlib
 
-_GIVEN = {
-    "cp_rank": "context_parallel", "cp_world_size": "context_parallel",
-    "ring_neighbours": "context_parallel", "RingTransfer": "context_parallel",
-    "start_ring_exchange": "context_parallel", "Layout": "context_parallel",
-    "contiguous_layout": "context_parallel", "Partial": "context_parallel",
-    "block_forward": "context_parallel", "finish": "context_parallel",
-    "block_backward": "context_parallel", "reference_attention": "context_parallel",
-    "reference_lse": "context_parallel", "cp_attention": "context_parallel",
-    "sync_cp_grads": "context_parallel", "BlockCallTimer": "context_parallel",
-    "CAUSAL": "context_parallel", "FULL": "context_parallel", "SKIP": "context_parallel"
-}
+_GIVEN = dict.fromkeys((
+    "BlockCallTimer", "CAUSAL", "FULL", "Layout", "Partial", "RingTransfer", "SKIP",
+    "block_backward", "block_forward", "contiguous_layout", "cp_attention", "cp_rank",
+    "cp_world_size", "finish", "reference_attention", "reference_lse", "ring_neighbours",
+    "start_ring_exchange", "sync_cp_grads"
+), "context_parallel")
 
 
 def __getattr__(name: str):          # PEP 562: ``from workbook.context_parallel import X``

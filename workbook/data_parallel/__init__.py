@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import importlib
 
-_GIVEN = {
-    "ADAM": "data_parallel", "dp_rank": "data_parallel", "dp_world_size": "data_parallel",
-    "local_rows": "data_parallel", "layer_units": "data_parallel",
-    "FlatParameters": "data_parallel", "Trainer": "data_parallel",
-    "train_reference": "data_parallel", "KINDS": "data_parallel", "STAGE": "data_parallel",
-    "memory_by_kind": "data_parallel", "predicted_memory": "data_parallel"
-}
+_GIVEN = dict.fromkeys((
+    "ADAM", "FlatParameters", "KINDS", "STAGE", "Trainer", "dp_rank", "dp_world_size",
+    "layer_units", "local_rows", "memory_by_kind", "predicted_memory", "train_reference"
+), "data_parallel")
 
 
 def __getattr__(name: str):          # PEP 562: ``from workbook.data_parallel import X``

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import importlib
 
-_GIVEN = {
-    "Action": "pipeline_parallel", "stage_units": "pipeline_parallel",
-    "PipelineStage": "pipeline_parallel", "micro_batches": "pipeline_parallel",
-    "activation_shape": "pipeline_parallel", "ScheduleError": "pipeline_parallel",
-    "check_schedule": "pipeline_parallel", "Timeline": "pipeline_parallel",
-    "simulate": "pipeline_parallel", "bubble_fraction": "pipeline_parallel",
-    "peak_in_flight": "pipeline_parallel", "phases": "pipeline_parallel",
-    "StageExecutor": "pipeline_parallel", "B": "pipeline_parallel", "F": "pipeline_parallel"
-}
+_GIVEN = dict.fromkeys((
+    "Action", "B", "F", "PipelineStage", "ScheduleError", "StageExecutor", "Timeline",
+    "activation_shape", "bubble_fraction", "check_schedule", "micro_batches", "peak_in_flight",
+    "phases", "simulate", "stage_units"
+), "pipeline_parallel")
 
 
 def __getattr__(name: str):          # PEP 562: ``from workbook.pipeline_parallel import X``

@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import importlib
 
-_GIVEN = {
-    "SUBLAYERS": "mappings", "tp_rank": "mappings", "tp_world_size": "mappings",
-    "local_param": "mappings", "vocab_range": "mappings", "sequence_range": "mappings",
-    "row_parallel_name": "mappings", "mark_sequence_parallel": "mappings",
-    "all_reduce_sum": "mappings", "conjugate_op": "mappings",
-    "copy_to_tensor_parallel_region": "mappings", "reduce_from_tensor_parallel_region": "mappings",
-    "vocab_parallel_cross_entropy": "mappings", "split_last_dim": "mappings",
-    "gather_last_dim": "mappings", "Pending": "sequence_parallel",
-    "start_all_gather_sequence": "sequence_parallel",
-    "start_reduce_scatter_sequence": "sequence_parallel",
-    "all_gather_sequence": "sequence_parallel", "reduce_scatter_sequence": "sequence_parallel",
-    "ShardedLinear": "sequence_parallel", "SequenceParallelBlock": "sequence_parallel",
-    "all_reduce_grads": "sequence_parallel", "sync_sequence_parallel_grads": "sequence_parallel"
+_GIVEN = {  # name -> the module that defines it
+    **dict.fromkeys(("SUBLAYERS", "all_reduce_sum", "conjugate_op",
+                     "copy_to_tensor_parallel_region", "gather_last_dim", "local_param",
+                     "mark_sequence_parallel", "reduce_from_tensor_parallel_region",
+                     "row_parallel_name", "sequence_range", "split_last_dim", "tp_rank",
+                     "tp_world_size", "vocab_parallel_cross_entropy", "vocab_range"), "mappings"),
+    **dict.fromkeys(("Pending", "SequenceParallelBlock", "ShardedLinear", "all_gather_sequence",
+                     "all_reduce_grads", "reduce_scatter_sequence", "start_all_gather_sequence",
+                     "start_reduce_scatter_sequence", "sync_sequence_parallel_grads"),
+                    "sequence_parallel"),
 }
 
 
