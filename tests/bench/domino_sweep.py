@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
-from pathlib import Path
 from types import SimpleNamespace
+
+import sweep_output
 
 from workbook.tensor_parallel import domino_bench
 
@@ -71,10 +71,7 @@ def sweep(links, ps, steps: int, base: dict, nodes=()) -> list[dict]:
 
 def figure(rows: list[dict]):
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "Share of communication hidden (from the traces)",
-        "Domino step / no-communication step"))
+    fig = sweep_output.two_panels("Domino step / no-communication step")
     for p in sorted({r["p"] for r in rows}):
         pts = sorted((r for r in rows if r["p"] == p), key=lambda r: r["comm_fraction_pct"])
         xs = [r["comm_fraction_pct"] for r in pts]
@@ -86,13 +83,10 @@ def figure(rows: list[dict]):
                           row=1, col=1)
         fig.add_trace(go.Scatter(x=xs, y=[r["vs_no_comm"] for r in pts], text=labels,
                                  mode="lines+markers", name=f"p={p} step ratio"), row=1, col=2)
-    fig.update_xaxes(title_text="communication fraction of vanilla TP (%)")
-    fig.update_yaxes(title_text="% hidden", row=1, col=1)
-    fig.update_yaxes(title_text="x no-comm optimum", row=1, col=2)
-    fig.update_layout(title="Domino on a simulated link: where overlap breaks down "
-                            "(CPU ranks, simulated presets; 'dgx-h100 2x2': TP over 2 nodes of 2)",
-                      height=480, width=1100)
-    return fig
+    return sweep_output.label(fig, "communication fraction of vanilla TP (%)",
+                              "Domino on a simulated link: where overlap breaks down (CPU ranks, "
+                              "simulated presets; 'dgx-h100 2x2': TP over 2 nodes of 2)",
+                              height=480, width=1100)
 
 
 def main(argv=None) -> None:
@@ -109,11 +103,7 @@ def main(argv=None) -> None:
     base = {"hidden": opts.hidden, "batch": opts.batch, "ffn": 4 * opts.hidden}
     rows = sweep(opts.links.split(","), [int(p) for p in opts.ps.split(",")], opts.steps, base,
                  opts.nodes.split(","))
-    out = Path(opts.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure(rows).write_html(str(out), include_plotlyjs=True)
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
-    print(f"figure written to {out}")
+    sweep_output.write(opts.out, figure(rows), rows)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ Simulated-link figures: a CPU in slow motion, calibrated to each preset's comput
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
+
+import sweep_output
 
 from workbook.tensor_parallel import tp_overlap_bench
 
@@ -54,9 +54,7 @@ def sweep(nprocs, links, steps: int, shape: dict) -> list[dict]:
 
 def figure(rows: list[dict]):
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "Share of communication hidden (from the traces)", "Step / no-communication step"))
+    fig = sweep_output.two_panels("Step / no-communication step")
     for n in sorted({r["nproc"] for r in rows}):
         pts = sorted((r for r in rows if r["nproc"] == n), key=lambda r: r["comm_fraction_pct"])
         xs, labels = [r["comm_fraction_pct"] for r in pts], [r["link"] for r in pts]
@@ -73,13 +71,10 @@ def figure(rows: list[dict]):
         fig.add_trace(go.Scatter(x=xs, y=[r["ceiling"] for r in pts], text=labels, mode="lines",
                                  line={"dash": "dash", "color": "grey"},
                                  name=f"n={n} plain SP's link time, all exposed"), row=1, col=2)
-    fig.update_xaxes(title_text="communication fraction f of plain SP (%)")
-    fig.update_yaxes(title_text="% hidden", row=1, col=1)
-    fig.update_yaxes(title_text="x no-comm optimum", row=1, col=2)
-    fig.update_layout(title="TP communication overlap vs Domino on a SIMULATED link (CPU ranks "
-                            "on a 2-core machine, presets calibrated to its matmul rate)",
-                      height=520, width=1200)
-    return fig
+    return sweep_output.label(
+        fig, "communication fraction f of plain SP (%)",
+        "TP communication overlap vs Domino on a SIMULATED link (CPU ranks on a 2-core machine, "
+        "presets calibrated to its matmul rate)", height=520, width=1200)
 
 
 def main(argv=None) -> None:
@@ -93,16 +88,7 @@ def main(argv=None) -> None:
     opts = parser.parse_args(argv)
     shape = {k: getattr(opts, k) for k in ("hidden", "heads", "ffn", "layers", "batch", "seq")}
     rows = sweep([int(n) for n in opts.nprocs.split(",")], opts.links.split(","), opts.steps, shape)
-    out = Path(opts.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig = figure(rows)
-    fig.write_html(str(out), include_plotlyjs=True)
-    out.with_suffix(".json").write_text(json.dumps({"shape": shape, "rows": rows}, indent=2))
-    try:
-        fig.write_image(str(out.with_suffix(".png")))
-    except Exception as exc:            # noqa: BLE001 - kaleido is optional: the HTML is the figure
-        print(f"(no PNG: {type(exc).__name__}; the HTML is the figure)")
-    print(f"figure written to {out}")
+    sweep_output.write(opts.out, figure(rows), {"shape": shape, "rows": rows}, png=True)
 
 
 if __name__ == "__main__":

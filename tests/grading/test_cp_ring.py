@@ -40,10 +40,11 @@ import torch
 
 from workbook.context_parallel import CAUSAL, FULL, SKIP, BlockCallTimer, Layout, Partial, \
     contiguous_layout, finish
-from workbook.grading.engine import graded_size, on_ranks, world_sizes
+from workbook.grading.checks import how_far
+from workbook.grading.engine import graded_size, on_ranks, simulated_link, world_sizes
 from workbook.grading.model_checks import raise_if_failed, randn, rank_error, ranks_label, to_cpu
-from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
-    trace_root_fixture
+from workbook.grading.overlap_run import profile_lab_step
+from workbook.grading.trace_checks import OverlapCheck, trace_root_fixture
 
 LAB = "cp_ring"                # the lab graded (load_lab, traces, seeds)
 TIMEOUT_S = 120.0             # one run on ranks (the overlap run: ~3 s on a busy 2-core machine)
@@ -189,13 +190,10 @@ def _expected_mask(qc: int, kc: int) -> str:
 
 
 def _expected_pairs(layout: Layout, rank: int, src: int) -> list:
-    out = []
-    for j, qc in enumerate(layout.chunks[rank]):
-        for i, kc in enumerate(layout.chunks[src]):
-            mask = _expected_mask(qc, kc)
-            if mask != SKIP:
-                out.append((layout.rows(j), layout.rows(i), mask == CAUSAL))
-    return out
+    masks = {(j, i): _expected_mask(qc, kc) for j, qc in enumerate(layout.chunks[rank])
+             for i, kc in enumerate(layout.chunks[src])}
+    return [(layout.rows(j), layout.rows(i), mask == CAUSAL)
+            for (j, i), mask in masks.items() if mask != SKIP]
 
 
 def _pair_key(p) -> tuple:
@@ -533,10 +531,8 @@ def test_attention_sublayer(n):
                                      f"{entry['loss'].item():.9g}, one device's is "
                                      f"{ref_loss.item():.9g}")
             for pname, want in ref.grads.items():
-                got = entry["grads"].get(pname)
-                if got is None or not torch.allclose(got, want, **TOL):
-                    diff = "missing" if got is None else \
-                        f"off by up to {(got - want).abs().max().item():.3g}"
+                diff = how_far(entry["grads"].get(pname), want, **TOL)
+                if diff:
                     raise AssertionError(
                         f"rank {rank}: {where}: the gradient of {pname}, summed over the ranks "
                         f"(sync_cp_grads), is {diff} from one device's: each rank's share comes "
@@ -581,11 +577,10 @@ def _run_traffic(trace_dir: str) -> dict:
 def test_ring_traffic(trace_root):
     """From the trace of one step on 2 and 3 ranks: forward n - 1 K/V hops, backward n - 1 K/V
     hops and n dK/dV hops, each one send and one recv of 2*B*h*(S/n)*d elements; no collective."""
-    from workbook.runtime.ranks import choose_backend
     for n in world_sizes(2, 3):
-        link = LINK if choose_backend(None, n) == "gloo" else "none"
-        per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"), link=link,
-                            timeout=TIMEOUT_S, key=("traffic", str(trace_root)))
+        per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"),
+                            link=simulated_link(n, LINK), timeout=TIMEOUT_S,
+                            key=("traffic", str(trace_root)))
         for rank, r in enumerate(per_rank):
             raise_if_failed(r, rank, n, "one traced step of ring_attention")
             hop = r["hop_bytes"]
@@ -619,39 +614,35 @@ def _overlap(trace_dir: str) -> dict:
     split, the link re-calibrated to the matmul rate now; the link's ops per pass."""
     import torch.distributed as dist
 
-    from workbook import link, trace
-    from workbook.measure.calibration import recalibrate
     from workbook.runtime.launch import device
-    from workbook.trace.capture import rank_trace
     rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
     c = OVERLAP
-    try:
-        lab = _lab()
-        recalibrate(LINK)                    # a busy machine slows compute: slow the link alike
-        layout = _zigzag(c["S"], n)
+    layout = _zigzag(c["S"], n)
+
+    def prepare(lab):
         g = torch.Generator().manual_seed(rank)
         q, k, v, do = (torch.randn(c["B"], c["h"], c["S"] // n, c["d"], generator=g).to(dev)
                        for _ in range(4))
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         lab.ring_attention(qq, kk, vv, layout).backward(do)                       # warm-up
-        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-        dist.barrier()
-        before = len(link.op_log())
-        with BlockCallTimer(lab) as computed, rank_trace(trace_dir, lab=LAB):
-            with torch.profiler.record_function("forward"):
-                y = lab.ring_attention(qq, kk, vv, layout)
-            middle = time.perf_counter_ns()
-            with torch.profiler.record_function("backward"):
-                y.backward(do)
-    except NotImplementedError as exc:
-        return {"rank": rank, "not_implemented": str(exc)}
-    except Exception as exc:                 # noqa: BLE001 - reported by the judge
-        return {"rank": rank, **rank_error(exc)}
-    ops = [r for r in link.op_log()[before:] if r.op != "barrier"]
-    t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
-    result = {"rank": rank, "link": link.current_link().label}
+        return [t.clone().requires_grad_() for t in (q, k, v)], do
+
+    def step(lab, state):
+        (qq, kk, vv), do = state
+        with torch.profiler.record_function("forward"):
+            y = lab.ring_attention(qq, kk, vv, layout)
+        middle = time.perf_counter_ns()
+        with torch.profiler.record_function("backward"):
+            y.backward(do)
+        return middle
+
+    run = profile_lab_step(LAB, LINK, trace_dir, prepare, step, spy=BlockCallTimer)
+    if isinstance(run, dict):
+        return run
+    middle, computed = run.marks, run.spied
+    result = run.head()
     for phase in ("forward", "backward"):
-        mine = sorted((r for r in ops if (r.issued_ns < middle) == (phase == "forward")),
+        mine = sorted((r for r in run.link_ops if (r.issued_ns < middle) == (phase == "forward")),
                       key=lambda r: r.seq)
         hops = list(zip([r for r in mine if r.op == "send"], [r for r in mine if r.op == "recv"]))
         if phase == "backward":                # the last dK/dV hop: nothing left to hide it behind
@@ -668,15 +659,8 @@ def _overlap(trace_dir: str) -> dict:
                 return not any(r.issued_ns <= s0 and s1 <= r.first_wait_ns for s0, s1 in computed)
             return r.first_wait_ns - r.issued_ns < AT_ONCE * r.modelled_ns
         at_once = [h for h in hops if any(nothing_between(r) for r in h)]
-        o = trace.overlap(t, within=phase)
-        result[phase] = {
-            "pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,
-            "exposed_ms": (o.exposed_comm_us - o.skew_us) / 1e3, "skew_ms": o.skew_us / 1e3,
-            "ops": sorted({r.op for r in mine}), "count": len(mine),
-            "link_ms": sum(r.modelled_ns for r in mine) / 1e6,
-            "never_waited": sorted({r.op for r in mine if not r.first_wait_ns}),
-            "hops": len(hops), "at_once": len(at_once),
-            "at_once_ms": sum(max(r.modelled_ns for r in h) for h in at_once) / 1e6}
+        result[phase] = {**run.figures(phase, mine), "hops": len(hops), "at_once": len(at_once),
+                         "at_once_ms": sum(max(r.modelled_ns for r in h) for h in at_once) / 1e6}
     return result
 
 
@@ -708,32 +692,15 @@ def _structure(r: dict, phases=("forward", "backward")) -> str | None:
     return None
 
 
-def _limit(phase: str) -> float:
-    return FWD_THRESHOLD_PCT if phase == "forward" else BWD_THRESHOLD_PCT
-
-
-def _overlap_results(tmp_root) -> list[dict]:
-    n, = world_sizes(2)
-    return measure_hidden(
-        lambda k: on_ranks(n, _overlap, str(tmp_root / f"overlap{k}"), link=LINK,
-                           timeout=TIMEOUT_S, key=("overlap", str(tmp_root), k)),
-        {ph: _limit(ph) for ph in ("forward", "backward")}, _structure)
-
-
-def _check_overlap(phase: str, tmp_root) -> None:
-    res = _overlap_results(tmp_root)
-    for r in res:
-        raise_if_failed(r, r["rank"], len(res), "the overlap run")
-        problem = _structure(r, (phase,))
-        if problem:
-            raise AssertionError(problem)
-    assert_phase_hidden(
-        res, phase, _limit(phase), where="ring_attention (zig-zag, 2 ranks, {link})",
-        what=f"the link time posted in the {phase} pass",
-        advice="post each K/V hop before the step's attention and wait for it after"
-               if phase == "forward" else
-               "post the next K/V hop before the step's block_backward calls; post the dK/dV hop "
-               "right after them and wait for it only after the next step's compute")
+OVERLAP_CHECK = OverlapCheck(
+    _overlap, {"forward": FWD_THRESHOLD_PCT, "backward": BWD_THRESHOLD_PCT}, _structure,
+    where="ring_attention (zig-zag, 2 ranks, {link})",
+    what="the link time posted in the {phase} pass",
+    advice={"forward": "post each K/V hop before the step's attention and wait for it after",
+            "backward": "post the next K/V hop before the step's block_backward calls; post the "
+                        "dK/dV hop right after them and wait for it only after the next step's "
+                        "compute"},
+    link=LINK, timeout=TIMEOUT_S)
 
 
 trace_root = trace_root_fixture("cp_ring_traces")
@@ -744,7 +711,7 @@ trace_root = trace_root_fixture("cp_ring_traces")
 def test_forward_exchange_hidden(trace_root):
     """Each K/V hop posted before the step's attention; at least 60% of the forward pass's link
     time hidden behind it."""
-    _check_overlap("forward", trace_root)
+    OVERLAP_CHECK.check(trace_root, ("forward",))
 
 
 @pytest.mark.points(3.5)
@@ -752,4 +719,4 @@ def test_forward_exchange_hidden(trace_root):
 def test_backward_exchange_hidden(trace_root):
     """K/V hops posted before, dK/dV hops right after each step's compute; at least 30% of the
     backward pass's link time hidden (its last dK/dV hop has nothing left to hide behind)."""
-    _check_overlap("backward", trace_root)
+    OVERLAP_CHECK.check(trace_root, ("backward",))

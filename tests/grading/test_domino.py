@@ -33,13 +33,14 @@ from workbook.tensor_parallel.block_bench import inputs
 from workbook.measure.calibration import recalibrate
 from workbook.grading.checks import assert_equal_on_rank
 from workbook.grading.engine import on_ranks, world_sizes
-from workbook.grading.timing import STRUCTURAL, measure_until_clear
-from workbook.grading.trace_checks import assert_hidden, ranks_hidden_pct, trace_root_fixture
+from workbook.grading.trace_checks import assert_hidden, measure_overlap, ranks_hidden_pct, \
+    trace_root_fixture
 from workbook.link.program_order import CountGemms, waited_at_once
 from workbook.tensor_parallel.layer_stack import HEAD, Stage, TPStack, reference_step, stages, vanilla_tp_forward
 
 FWD_THRESHOLD_PCT = 70.0    # thresholds sit below the reference's lowest figure under load and on
 BWD_THRESHOLD_PCT = 60.0    # one core by a measured margin; wrong schedules hide ~0% (README)
+LIMITS = {"forward": FWD_THRESHOLD_PCT, "backward": BWD_THRESHOLD_PCT}
 LINK = "dgx-h100"
 TIMEOUT_S = 120.0
 TOL = dict(rtol=1e-9, atol=1e-12)
@@ -363,29 +364,12 @@ def _structure(r: dict) -> str | None:
     return None
 
 
-def _overlap_results(tmp_root) -> list[dict]:
-    """One measured Domino step on 2 ranks; measured again after a near miss (the policy of
-    ``workbook.grading.timing``), never after a structural mistake or a clear miss."""
-    def shortfall(res) -> float:
-        if any(_structure(r) for r in res):
-            return STRUCTURAL
-        return max(_limit(ph) - ranks_hidden_pct(res, ph) for ph in ("forward", "backward"))
-
-    n, = world_sizes(2)
-    return measure_until_clear(
-        lambda k: on_ranks(n, _overlap, str(tmp_root / f"attempt{k}"), link=LINK,
-                           timeout=TIMEOUT_S, key=("overlap", str(tmp_root), k)),
-        shortfall)
-
-
-def _limit(phase: str) -> float:
-    return FWD_THRESHOLD_PCT if phase == "forward" else BWD_THRESHOLD_PCT
-
-
-
 def _check_overlap(phase: str, tmp_root) -> None:
-    res = _overlap_results(tmp_root)
-    limit = _limit(phase)
+    # one measured Domino step on 2 ranks; measured again after a near miss (the policy of
+    # workbook.grading.timing), never after a structural mistake or a clear miss
+    res = measure_overlap(_overlap, tmp_root, limits=LIMITS, structure=_structure, link=LINK,
+                          timeout=TIMEOUT_S)
+    limit = LIMITS[phase]
     for r in res:
         problem = _structure(r)
         if problem:

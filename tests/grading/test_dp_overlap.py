@@ -20,6 +20,7 @@ again.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -27,12 +28,12 @@ import pytest
 import torch
 
 from workbook.data_parallel import STAGE
-from workbook.measure.calibration import recalibrate
-from workbook.grading.engine import graded_size, on_ranks, world_sizes
+from workbook.grading.checks import how_far
+from workbook.grading.engine import graded_size, on_ranks, simulated_link, world_sizes
 from workbook.grading.model_checks import rank_error, ranks_label, raise_if_failed, to_cpu
-from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
-    trace_root_fixture
-from workbook.link.program_order import CountGemms, waited_at_once
+from workbook.grading.overlap_run import profile_lab_step
+from workbook.grading.trace_checks import OverlapCheck, trace_root_fixture
+from workbook.link.program_order import waited_at_once
 
 LAB = "dp_overlap"
 TIMEOUT_S = 60.0
@@ -148,23 +149,19 @@ def _overlap(trace_dir: str, variant: str) -> dict:
     """One profiled step (after two warm-up steps) on a model whose compute can cover the
     traffic; the link's ops per pass, and when each gradient became ready."""
     import torch.distributed as dist
-    from workbook import link, trace
-    from workbook.grading.labs import load_lab
-    from workbook.runtime.launch import device
     from workbook.model import ModelConfig, make_batch
-    from workbook.trace.capture import rank_trace
-    rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
-    try:
-        lab = load_lab(LAB)
-        recalibrate(LINK)                # the matmul rate now: a busy machine slows compute
-        cfg = ModelConfig(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, seq_len=256,
-                          vocab_size=256, dtype="float32")
+    from workbook.runtime.launch import device
+    n, dev = dist.get_world_size(), device()
+    cfg = ModelConfig(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, seq_len=256,
+                      vocab_size=256, dtype="float32")
+    batches = [make_batch(cfg, 8 * n, seed=s) for s in range(3)]
+    ready, marks = [], {}
+
+    def prepare(lab):
         trainer = _make(lab, variant, cfg, dev) if variant != "bucketed" else \
             lab.BucketedDP(cfg, dev, bucket_bytes=1 << 20)
-        batches = [make_batch(cfg, 8 * n, seed=s) for s in range(3)]
         for step in range(2):
             trainer.train_step(*(b.to(dev) for b in batches[step]), step)
-        ready, marks = [], {}
         for p in trainer.model.parameters():         # when each gradient is made: a tensor hook
             p.register_hook(lambda g: ready.append(time.perf_counter_ns()))  # runs before the
                                                      # accumulation, and so before the lab's hooks
@@ -176,32 +173,25 @@ def _overlap(trace_dir: str, variant: str) -> dict:
             marks["optimizer"] = time.perf_counter_ns()
             optimizer_step()
         trainer.optimizer_step = timed_step
-        dist.barrier()
-        before = len(link.op_log())
-        with rank_trace(trace_dir, lab=LAB), CountGemms():     # program order: GEMMs between
-            trainer.train_step(*(b.to(dev) for b in batches[2]), 2)
-    except NotImplementedError as exc:
-        return {"rank": rank, "not_implemented": str(exc)}
-    except Exception as exc:             # noqa: BLE001 - reported by the judge
-        return {"rank": rank, **rank_error(exc)}
-    ops = [r for r in link.op_log()[before:] if r.op != "barrier"]
-    t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
+        return trainer
+
+    def step(lab, trainer):
+        trainer.train_step(*(b.to(dev) for b in batches[2]), 2)
+    run = profile_lab_step(LAB, LINK, trace_dir, prepare, step)
+    if isinstance(run, dict):
+        return run
+    ops = run.link_ops
     last_ready = max(ready) if ready else 0
-    result = {"rank": rank, "link": link.current_link().label,
+    result = {**run.head(),
               "late_bytes": sum(r.size_bytes for r in ops if r.op == "all_reduce"
                                 and r.issued_ns > last_ready),
               "largest": max([r.size_bytes for r in ops if r.op == "all_reduce"], default=0),
               "all_reduce_bytes": sum(r.size_bytes for r in ops if r.op == "all_reduce")}
     for phase in ("forward", "backward"):
-        o = trace.overlap(t, within=phase)
         mine = [r for r in ops if _phase(r.issued_ns, marks) == phase]
         at_once = [r for r in mine if r.op == "all_gather" and waited_at_once(r)]
-        result[phase] = {
-            "pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,
-            "exposed_ms": (o.exposed_comm_us - o.skew_us) / 1e3, "skew_ms": o.skew_us / 1e3,
-            "ops": sorted({r.op for r in mine}), "count": len(mine),
-            "never_waited": sorted({r.op for r in mine if not r.first_wait_ns}),
-            "gathers": sum(r.op == "all_gather" for r in mine), "at_once": len(at_once)}
+        result[phase] = {**run.figures(phase, mine), "at_once": len(at_once),
+                         "gathers": sum(r.op == "all_gather" for r in mine)}
     return result
 
 
@@ -275,10 +265,8 @@ def _check_variant(variant: str, n: int) -> None:
                 if g is None or g.shape != w.shape or not torch.allclose(g, w, **TOL):
                     raise AssertionError(_gradient_message(rank, where, name, g, w, n, variant))
             for name, value in params.items():
-                mine = entry["params"].get(name)
-                if mine is None or not torch.allclose(mine, value, **TOL):
-                    diff = "missing" if mine is None else \
-                        f"off by up to {(mine - value).abs().max().item():.3g}"
+                diff = how_far(entry["params"].get(name), value, **TOL)
+                if diff:
                     raise AssertionError(
                         f"rank {rank}: {where}: after {STEPS} Adam steps {name} is {diff} from "
                         f"single-device training on the whole batch, though the first step's "
@@ -349,37 +337,27 @@ def test_make_buckets():
                                          f"the next parameter would still fit under the cap")
 
 
-@pytest.mark.points(1)
-@pytest.mark.tasks("NaiveDP")
-@pytest.mark.parametrize("n", [2, 4])
-def test_naive_dp(n):
-    """Naive DP: the averaged gradient, and after 3 steps the single-device parameters."""
-    _check_variant("naive", n)
+def _numbers_test(points: float, task: str, variants: tuple, doc: str):
+    """The numerics test of ``variants`` (each run on its own, in turn) on 2 and 4 ranks."""
+    @pytest.mark.points(points)
+    @pytest.mark.tasks(task)
+    @pytest.mark.parametrize("n", [2, 4])
+    def test(n):
+        for variant in variants:
+            _check_variant(variant, n)
+    test.__doc__ = doc
+    return test
 
 
-@pytest.mark.points(1.5)
-@pytest.mark.tasks("BucketedDP")
-@pytest.mark.parametrize("n", [2, 4])
-def test_bucketed_dp(n):
-    """Bucketed DP: the same numbers as one device, buckets of 32 KiB."""
-    _check_variant("bucketed", n)
-
-
-@pytest.mark.points(2)
-@pytest.mark.tasks("ShardedTrainer")
-@pytest.mark.parametrize("n", [2, 4])
-def test_zero_1_and_2(n):
-    """ZeRO-1 and ZeRO-2: each rank's shard of the averaged gradient, the same parameters."""
-    _check_variant("zero1", n)
-    _check_variant("zero2", n)
-
-
-@pytest.mark.points(2)
-@pytest.mark.tasks("Zero3")
-@pytest.mark.parametrize("n", [2, 4])
-def test_zero3(n):
-    """ZeRO-3: the same numbers with parameters sharded at rest."""
-    _check_variant("zero3", n)
+test_naive_dp = _numbers_test(1, "NaiveDP", ("naive",), "Naive DP: the averaged gradient, and "
+                              "after 3 steps the single-device parameters.")
+test_bucketed_dp = _numbers_test(1.5, "BucketedDP", ("bucketed",), "Bucketed DP: the same numbers "
+                                 "as one device, buckets of 32 KiB.")
+test_zero_1_and_2 = _numbers_test(2, "ShardedTrainer", ("zero1", "zero2"), "ZeRO-1 and ZeRO-2: "
+                                  "each rank's shard of the averaged gradient, the same "
+                                  "parameters.")
+test_zero3 = _numbers_test(2, "Zero3", ("zero3",), "ZeRO-3: the same numbers with parameters "
+                           "sharded at rest.")
 
 
 @pytest.mark.points(1)
@@ -425,11 +403,10 @@ def _memory_message(rank, n, variant, kind, got, want) -> str:
 def _check_traffic(variant: str, trace_root) -> None:
     """One steady-state step of ``variant`` on 2 and on 3 ranks, from the trace: the
     collectives of each pass, their number and bytes, against the lesson's formulas."""
-    from workbook.runtime.ranks import choose_backend
     for n in world_sizes(2, 3):
-        link = LINK if choose_backend(None, n) == "gloo" else "none"
-        per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"), variant, link=link,
-                            timeout=TIMEOUT_S, key=("traffic", variant, n, str(trace_root)))
+        per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"), variant,
+                            link=simulated_link(n, LINK), timeout=TIMEOUT_S,
+                            key=("traffic", variant, n, str(trace_root)))
         for rank, res in enumerate(per_rank):
             r = res[variant]
             raise_if_failed(r, rank, n, f"one traced step of {NAMES[variant]}")
@@ -505,16 +482,6 @@ def _structure(variant: str, r: dict, phases) -> str | None:
     return None
 
 
-
-def _overlap_results(variant: str, tmp_root) -> list[dict]:
-    limits = THRESHOLDS[variant]
-    n, = world_sizes(2)
-    return measure_hidden(
-        lambda k: on_ranks(n, _overlap, str(tmp_root / f"{variant}{k}"), variant, link=LINK,
-                           timeout=TIMEOUT_S, key=("overlap", variant, str(tmp_root), k)),
-        limits, lambda r: _structure(variant, r, limits))
-
-
 ADVICE = {("bucketed", "backward"): "start each bucket's all-reduce from the gradient hook that "
                                     "completes it, and wait for them all only after backward",
           ("zero2", "forward"): "start the first layer's all-gather at the end of the optimizer "
@@ -525,19 +492,12 @@ ADVICE = {("bucketed", "backward"): "start each bucket's all-reduce from the gra
                                 "in layer i + 1's pre-hook",
           ("zero3", "backward"): "start layer i - 1's all-gather before layer i's backward and "
                                  "each reduce-scatter as soon as the layer's gradients are ready"}
-
-
-def _check_overlap(variant: str, tmp_root) -> None:
-    res = _overlap_results(variant, tmp_root)
-    for r in res:
-        raise_if_failed(r, r["rank"], len(res), f"the overlap run of {NAMES[variant]}")
-        problem = _structure(variant, r, THRESHOLDS[variant])
-        if problem:
-            raise AssertionError(problem)
-    for phase, limit in THRESHOLDS[variant].items():
-        assert_phase_hidden(res, phase, limit, where=f"{NAMES[variant]} (2 ranks, {{link}})",
-                            what=f"the link time issued in the {phase} pass",
-                            advice=ADVICE[(variant, phase)])
+OVERLAP = {v: OverlapCheck(_overlap, limits, functools.partial(_structure, v),
+                           where=f"{NAMES[v]} (2 ranks, {{link}})",
+                           what="the link time issued in the {phase} pass",
+                           advice={ph: ADVICE[(v, ph)] for ph in limits}, link=LINK,
+                           timeout=TIMEOUT_S, failed=f"the overlap run of {NAMES[v]}", args=(v,))
+           for v, limits in THRESHOLDS.items()}
 
 
 trace_root = trace_root_fixture("dp_overlap_traces")
@@ -553,7 +513,7 @@ test_traffic_zero3 = _traffic_test("zero3", "Zero3")
 def test_bucketed_all_reduce_hidden(trace_root):
     """Bucketed DP: each bucket issued as soon as it is complete; at least 40% of the
     all-reduce time hidden behind the backward pass."""
-    _check_overlap("bucketed", trace_root)
+    OVERLAP["bucketed"].check(trace_root)
 
 
 @pytest.mark.points(3)
@@ -561,11 +521,11 @@ def test_bucketed_all_reduce_hidden(trace_root):
 def test_zero2_traffic_hidden(trace_root):
     """ZeRO-2: the reduce-scatters hidden behind backward (50%), the parameter all-gathers
     behind the next forward pass (30%: the first block's is exposed behind the embedding)."""
-    _check_overlap("zero2", trace_root)
+    OVERLAP["zero2"].check(trace_root)
 
 
 @pytest.mark.points(4)
 @pytest.mark.tasks("Zero3")
 def test_zero3_gathers_hidden(trace_root):
     """ZeRO-3: one-layer prefetch hides the all-gathers, forward (30%) and backward (50%)."""
-    _check_overlap("zero3", trace_root)
+    OVERLAP["zero3"].check(trace_root)

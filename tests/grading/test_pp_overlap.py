@@ -27,12 +27,11 @@ import os
 import pytest
 import torch
 
-from workbook.measure.calibration import recalibrate
-from workbook.grading.engine import graded_size, on_ranks, world_sizes
+from workbook.grading.engine import graded_size, on_ranks, simulated_link, world_sizes
 from workbook.grading.model_checks import rank_error, raise_if_failed, to_cpu
-from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
-    trace_root_fixture
-from workbook.link.program_order import CountGemms, waited_at_once
+from workbook.grading.overlap_run import profile_lab_step
+from workbook.grading.trace_checks import OverlapCheck, trace_root_fixture
+from workbook.link.program_order import waited_at_once
 
 LAB = "pp_overlap"
 TIMEOUT_S = 60.0
@@ -194,28 +193,24 @@ def _check_numerics(variant: str, n: int) -> None:
                            "divided by m"))
 
 
-@pytest.mark.points(2)
-@pytest.mark.tasks("BlockingExecutor")
-@pytest.mark.parametrize("n", [2, 4])
-def test_gpipe_blocking(n):
-    """GPipe with blocking p2p: the loss and every gradient of one device."""
-    _check_numerics("gpipe", n)
+def _numbers_test(variant: str, task: str, doc: str):
+    """The numerics test of one executor running ``variant``, on 2 and 4 stages."""
+    @pytest.mark.points(2)
+    @pytest.mark.tasks(task)
+    @pytest.mark.parametrize("n", [2, 4])
+    def test(n):
+        _check_numerics(variant, n)
+    test.__doc__ = doc
+    return test
 
 
-@pytest.mark.points(2)
-@pytest.mark.tasks("BlockingExecutor")
-@pytest.mark.parametrize("n", [2, 4])
-def test_1f1b_blocking(n):
-    """1F1B with blocking p2p (send and next receive posted together): the same numbers."""
-    _check_numerics("1f1b", n)
-
-
-@pytest.mark.points(2)
-@pytest.mark.tasks("OverlappedExecutor")
-@pytest.mark.parametrize("n", [2, 4])
-def test_1f1b_overlapped(n):
-    """1F1B with receives posted an action ahead and sends in flight: the same numbers."""
-    _check_numerics("1f1b_overlap", n)
+test_gpipe_blocking = _numbers_test("gpipe", "BlockingExecutor", "GPipe with blocking p2p: the "
+                                    "loss and every gradient of one device.")
+test_1f1b_blocking = _numbers_test("1f1b", "BlockingExecutor", "1F1B with blocking p2p (send and "
+                                   "next receive posted together): the same numbers.")
+test_1f1b_overlapped = _numbers_test("1f1b_overlap", "OverlappedExecutor", "1F1B with receives "
+                                     "posted an action ahead and sends in flight: the same "
+                                     "numbers.")
 
 
 # --------------------------------------------------------------------------- traffic
@@ -241,11 +236,10 @@ def _run_traffic(trace_dir: str, variant: str) -> dict:
 
 
 def _check_traffic(variant: str, trace_root) -> None:
-    from workbook.runtime.ranks import choose_backend
     for n in world_sizes(2, 3):
-        link = LINK if choose_backend(None, n) == "gloo" else "none"
-        per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"), variant, link=link,
-                            timeout=TIMEOUT_S, key=("traffic", variant, n, str(trace_root)))
+        per_rank = on_ranks(n, _run_traffic, str(trace_root / f"traffic{n}"), variant,
+                            link=simulated_link(n, LINK), timeout=TIMEOUT_S,
+                            key=("traffic", variant, n, str(trace_root)))
         for rank, res in enumerate(per_rank):
             raise_if_failed(res, rank, n, f"one traced step of {NAMES[variant]}")
             a = res["activation"]
@@ -285,40 +279,27 @@ def test_traffic_overlapped(trace_root):
 def _overlap(trace_dir: str, variant: str) -> dict:
     """One profiled step (after a warm-up step) on a model whose compute per micro-batch can
     cover a transfer; the link's point-to-point ops and the steady state's hidden share."""
-    import torch.distributed as dist
-    from workbook import link, trace
-    from workbook.grading.labs import load_lab
-    from workbook.runtime.launch import device
     from workbook.model import ModelConfig
-    from workbook.trace.capture import rank_trace
-    rank, dev = dist.get_rank(), device()
-    try:
-        lab = load_lab(LAB)
-        recalibrate(LINK)                # the matmul rate now: a busy machine slows compute
-        cfg = ModelConfig(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, seq_len=256,
-                          vocab_size=256, dtype="float32")
-        _step(lab, variant, cfg, dev, rows=1)
-        dist.barrier()
-        before = len(link.op_log())
-        with rank_trace(trace_dir, lab=LAB), CountGemms():     # program order: GEMMs between
-            _step(lab, variant, cfg, dev, rows=1)
-    except NotImplementedError as exc:
-        return {"rank": rank, "not_implemented": str(exc)}
-    except Exception as exc:             # noqa: BLE001 - reported by the judge
-        return {"rank": rank, **rank_error(exc)}
-    ops = [r for r in link.op_log()[before:] if r.op in ("send", "recv")]
-    t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
-    o = trace.overlap(t, within="steady")
-    at_once = {op: sum(1 for r in ops if r.op == op and waited_at_once(r)) for op in ("send", "recv")}
-    return {"rank": rank, "link": link.current_link().label, "at_once": at_once,
+    from workbook.runtime.launch import device
+    dev = device()
+    cfg = ModelConfig(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, seq_len=256,
+                      vocab_size=256, dtype="float32")
+
+    def step(lab, _=None):
+        return _step(lab, variant, cfg, dev, rows=1)
+    run = profile_lab_step(LAB, LINK, trace_dir, step, step)         # a warm-up, then the step
+    if isinstance(run, dict):
+        return run
+    ops = [r for r in run.link_ops if r.op in ("send", "recv")]
+    return {**run.head(),
+            "at_once": {op: sum(1 for r in ops if r.op == op and waited_at_once(r))
+                        for op in ("send", "recv")},
             "count": {op: sum(r.op == op for r in ops) for op in ("send", "recv")},
             "never_waited": sum(1 for r in ops if not r.first_wait_ns),
-            "steady": {"pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,
-                       "exposed_ms": (o.exposed_comm_us - o.skew_us) / 1e3,
-                       "skew_ms": o.skew_us / 1e3}}
+            "steady": run.figures("steady")}
 
 
-def _structure(r: dict) -> str | None:
+def _structure(r: dict, phases=()) -> str | None:
     where = f"rank {r['rank']} (stage {r['rank']}): {NAMES['1f1b_overlap']} (2 stages, {r['link']})"
     if r["never_waited"]:
         return (f"{where}: {r['never_waited']} sends or receives never waited on: until "
@@ -336,12 +317,14 @@ def _structure(r: dict) -> str | None:
     return None
 
 
-def _overlap_results(tmp_root) -> list[dict]:
-    n, = world_sizes(2)
-    return measure_hidden(
-        lambda k: on_ranks(n, _overlap, str(tmp_root / f"overlap{k}"), "1f1b_overlap", link=LINK,
-                           timeout=TIMEOUT_S, key=("overlap", str(tmp_root), k)),
-        {"steady": THRESHOLD}, _structure)
+OVERLAP = OverlapCheck(
+    _overlap, {"steady": THRESHOLD}, _structure,
+    where=f"{NAMES['1f1b_overlap']} (2 stages, {{link}})",
+    what="the point-to-point link time of the steady state",
+    advice={"steady": "post each action's receive one action ahead and leave sends in flight "
+                      "until finish()"},
+    link=LINK, timeout=TIMEOUT_S, failed=f"the overlap run of {NAMES['1f1b_overlap']}",
+    args=("1f1b_overlap",))
 
 
 @pytest.mark.points(7)
@@ -349,14 +332,4 @@ def _overlap_results(tmp_root) -> list[dict]:
 def test_steady_state_p2p_hidden(trace_root):
     """1F1B, overlapped: no send waited on as it is posted, every receive but the first posted
     an action ahead, and at least 10% of the steady state's p2p link time hidden."""
-    res = _overlap_results(trace_root)
-    for r in res:
-        raise_if_failed(r, r["rank"], len(res), f"the overlap run of {NAMES['1f1b_overlap']}")
-        problem = _structure(r)
-        if problem:
-            raise AssertionError(problem)
-    assert_phase_hidden(
-        res, "steady", THRESHOLD, where=f"{NAMES['1f1b_overlap']} (2 stages, {{link}})",
-        what="the point-to-point link time of the steady state",
-        advice="post each action's receive one action ahead and leave sends in flight until "
-               "finish()")
+    OVERLAP.check(trace_root)

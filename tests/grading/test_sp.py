@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.model_checks import B, STEP, build_error, check_ops, check_part, configs, cut, \
-    grads, ints, raise_if_failed, randn, ranks_label, run_every_part, run_traced_block, to_cpu
+from workbook.grading.model_checks import B, STEP, build_errors, check_divisibility, check_ops, \
+    check_part, configs, cut, grads, ints, raise_if_failed, randn, ranks_label, run_case, \
+    run_every_part, sequence_parallel_linears, to_cpu, traced_block_phases
 
 TIMEOUT_S = 120.0
 LAB = "sp"
@@ -30,12 +31,7 @@ MEMORY_RTOL = 0.02                       # measured SP activation bytes vs predi
 
 
 def _linears(cfg):
-    """(label, reference name, in, out, kind, input layout, output layout)"""
-    H, F = cfg.hidden, cfg.ffn_hidden
-    up, down = ("fc1", "fc2") if cfg.style == "gpt" else ("w_up", "w_down")
-    return [("SPColumnParallelLinear", f"blocks.1.mlp.{up}", H, F, "column", "seq", "last"),
-            ("SPRowParallelLinear", f"blocks.1.mlp.{down}", F, H, "row", "last", "seq"),
-            ("SPRowParallelLinear", "blocks.0.attn.wo", H, H, "row", "last", "seq")]
+    return sequence_parallel_linears(cfg, "SPColumnParallelLinear", "SPRowParallelLinear")
 
 
 # --------------------------------------------------------------------------- rank side
@@ -53,17 +49,13 @@ def _run_ops(lab, rank, n, dev) -> list[dict]:
 
 
 def _run_linears(lab, tag, cfg, rank, n, dev) -> list[dict]:
-    S, dt = cfg.seq_len, cfg.torch_dtype
     cases = []
     for label, name, fin, fout, kind, lin, lout in _linears(cfg):
         cls = lab.SPColumnParallelLinear if kind == "column" else lab.SPRowParallelLinear
         layer = cls(cfg, name, fin, fout, device=dev)
-        x = cut(randn(LAB, (B, S, fin), dt, tag, name, "x"), lin, rank, n).to(dev).requires_grad_()
-        y = layer(x)
-        y.backward(cut(randn(LAB, (B, S, fout), dt, tag, name, "dy"), lout, rank, n).to(dev))
-        lab.sync_sequence_parallel_grads(layer)
-        cases.append({"label": f"{label} {name}", "name": name, "out": y.detach(),
-                      "grad_in": x.grad, "grads": grads(layer), "in": lin, "out_layout": lout})
+        cases.append(run_case(LAB, tag, cfg, rank, n, dev, seed=name, module=layer, forward=layer,
+                              label=f"{label} {name}", features=(fin, fout), layouts=(lin, lout),
+                              sync=lab.sync_sequence_parallel_grads, name=name))
     return cases
 
 
@@ -72,13 +64,10 @@ def _run_module(part):
     def run(lab, tag, cfg, rank, n, dev) -> list[dict]:
         cls = {"mlp": lab.SPMLP, "attn": lab.SPAttention, "block": lab.SPBlock}[part]
         module = cls(cfg, 1, dev)
-        shape, dt = (B, cfg.seq_len, cfg.hidden), cfg.torch_dtype
-        x = cut(randn(LAB, shape, dt, tag, part, "x"), "seq", rank, n).to(dev).requires_grad_()
-        y = module(x, **({"step": STEP} if part == "block" else {}))
-        y.backward(cut(randn(LAB, shape, dt, tag, part, "dy"), "seq", rank, n).to(dev))
-        lab.sync_sequence_parallel_grads(module)
-        return [{"label": cls.__name__, "out": y.detach(), "grad_in": x.grad,
-                 "grads": grads(module), "in": "seq", "out_layout": "seq"}]
+        return [run_case(LAB, tag, cfg, rank, n, dev, seed=part, module=module,
+                         forward=lambda x: module(x, **({"step": STEP} if part == "block" else {})),
+                         label=cls.__name__, layouts=("seq", "seq"),
+                         sync=lab.sync_sequence_parallel_grads)]
     return run
 
 
@@ -119,24 +108,15 @@ def _run_all() -> dict:
     if n > 1:                                  # a sequence length that does not split
         good = ModelConfig.odd_shapes() if n == 3 else ModelConfig()
         bad = good.replace(seq_len=10)
-        res["divisibility"] = {"config": f"seq_len={bad.seq_len}",
-                               "good": build_error(lambda: lab.SPModel(good)),
-                               "bad": build_error(lambda: lab.SPModel(bad))}
+        res["divisibility"] = build_errors(lambda: lab.SPModel(good),
+                                           {"SPModel": lambda: lab.SPModel(bad)},
+                                           f"seq_len={bad.seq_len}")
     return to_cpu(res)
 
 
-def _run_traced(trace_dir: str) -> dict:
-    """On every rank: one SPBlock in a profiler trace (``tp_checks.run_traced_block``)."""
-    return run_traced_block(LAB, trace_dir, "SPBlock", "seq")
-
-
 # --------------------------------------------------------------------------- test side
-def _pool_run(key, n, fn, *args, link="none"):
-    return on_ranks(n, fn, *args, link=link, timeout=TIMEOUT_S, key=key)
-
-
 def _results(n):
-    return _pool_run("numerics", n, _run_all)
+    return on_ranks(n, _run_all, timeout=TIMEOUT_S, key="numerics")
 
 
 def _part_test(part: str, points: int, tasks: tuple, doc: str):
@@ -145,8 +125,7 @@ def _part_test(part: str, points: int, tasks: tuple, doc: str):
     @pytest.mark.points(points)
     @pytest.mark.tasks(*tasks)
     def test():
-        check_part(LAB, part, {n: _results(n) for n in world_sizes(1, 2, 3, 4)}, _linears,
-                   synced=True)
+        check_part(LAB, part, _results, _linears, synced=True)
     test.__doc__ = doc
     return test
 
@@ -226,67 +205,48 @@ def test_sp_block_pattern_from_trace(n, tmp_path):
     bytes equal vanilla TP's 2 all-reduces of B*S*H."""
     n = graded_size(n, 2, 3)                   # under a rank cap: the largest size kept
     from workbook.link import bus_factor
-    from workbook.runtime.ranks import choose_backend
-    link = "dgx-h100" if choose_backend(None, n) == "gloo" else "none"    # no simulated link on NCCL
-    res = _pool_run(f"trace:{tmp_path}", n, _run_traced, str(tmp_path), link=link)
-    for rank, r in enumerate(res):
-        raise_if_failed(r, rank, n, "the traced SPBlock")
+    for rank, r, phase, got, where in traced_block_phases(LAB, n, tmp_path, "SPBlock", "seq",
+                                                          timeout=TIMEOUT_S):
         bsh = r["elements"] * r["elsize"]
-        for phase in ("forward", "backward"):
-            got = r["trace"][phase]
-            where = f"SPBlock {phase} on {ranks_label(n)} (from the trace)"
-            if got.get("all_reduce", {}).get("count"):
-                raise AssertionError(f"rank {rank}: {where}: {got['all_reduce']['count']} "
-                                     f"all_reduce; sequence parallelism replaces each with a "
-                                     f"reduce-scatter or an all-gather along the sequence")
-            others = sorted(set(got) - {"all_gather", "reduce_scatter"})
-            if others:
-                raise AssertionError(f"rank {rank}: {where}: unexpected {', '.join(others)}")
-            recorded = {"all_gather": 0, "reduce_scatter": 0}      # the flight recorder's view
-            for name, size in r["recorder"][phase]:
-                if name.startswith("all_gather"):
-                    recorded["all_gather"] += size                # sized by the gathered output
-                elif name.startswith("reduce_scatter"):
-                    recorded["reduce_scatter"] += size * n        # sized by its output: one shard
-            for name in ("all_gather", "reduce_scatter"):
-                count = got.get(name, {}).get("count", 0)
-                if count != 2:
-                    raise AssertionError(f"rank {rank}: {where}: expected exactly 2 {name}, got "
-                                         f"{count}")
-                if got[name]["bytes"] is None:                     # (a GPU trace may not say)
-                    got[name]["bytes"] = recorded[name]
-                if got[name]["bytes"] != 2 * bsh:
-                    raise AssertionError(
-                        f"rank {rank}: {where}: the {name}s moved buffers of {got[name]['bytes']} "
-                        f"bytes in all, expected 2 of B*S*H = {r['elements']} elements "
-                        f"({2 * bsh} bytes)")
-            bus = sum(c["bytes"] * bus_factor(k, n) for k, c in got.items())
-            tp_bus = 2 * bsh * bus_factor("all_reduce", n)
-            if abs(bus - tp_bus) > 1e-6 * tp_bus:
-                raise AssertionError(f"rank {rank}: {where}: {bus:.0f} bus bytes, vanilla TP "
-                                     f"moves {tp_bus:.0f}")
-        sync = [c for c in r["recorder"]["grad_sync"]]
-        if n > 1 and not sync:
-            raise AssertionError(f"rank {rank}: sync_sequence_parallel_grads on {ranks_label(n)} made no "
-                                 f"collective: the norm gradients are partial sums")
+        if got.get("all_reduce", {}).get("count"):
+            raise AssertionError(f"rank {rank}: {where}: {got['all_reduce']['count']} "
+                                 f"all_reduce; sequence parallelism replaces each with a "
+                                 f"reduce-scatter or an all-gather along the sequence")
+        others = sorted(set(got) - {"all_gather", "reduce_scatter"})
+        if others:
+            raise AssertionError(f"rank {rank}: {where}: unexpected {', '.join(others)}")
+        recorded = {"all_gather": 0, "reduce_scatter": 0}      # the flight recorder's view
+        for name, size in r["recorder"][phase]:
+            if name.startswith("all_gather"):
+                recorded["all_gather"] += size                # sized by the gathered output
+            elif name.startswith("reduce_scatter"):
+                recorded["reduce_scatter"] += size * n        # sized by its output: one shard
+        for name in ("all_gather", "reduce_scatter"):
+            count = got.get(name, {}).get("count", 0)
+            if count != 2:
+                raise AssertionError(f"rank {rank}: {where}: expected exactly 2 {name}, got "
+                                     f"{count}")
+            if got[name]["bytes"] is None:                     # (a GPU trace may not say)
+                got[name]["bytes"] = recorded[name]
+            if got[name]["bytes"] != 2 * bsh:
+                raise AssertionError(
+                    f"rank {rank}: {where}: the {name}s moved buffers of {got[name]['bytes']} "
+                    f"bytes in all, expected 2 of B*S*H = {r['elements']} elements "
+                    f"({2 * bsh} bytes)")
+        bus = sum(c["bytes"] * bus_factor(k, n) for k, c in got.items())
+        tp_bus = 2 * bsh * bus_factor("all_reduce", n)
+        if abs(bus - tp_bus) > 1e-6 * tp_bus:
+            raise AssertionError(f"rank {rank}: {where}: {bus:.0f} bus bytes, vanilla TP "
+                                 f"moves {tp_bus:.0f}")
+        if phase == "backward" and n > 1 and not r["recorder"]["grad_sync"]:
+            raise AssertionError(f"rank {rank}: sync_sequence_parallel_grads on {ranks_label(n)} "
+                                 f"made no collective: the norm gradients are partial sums")
 
 
 @pytest.mark.points(1)
 @pytest.mark.tasks("SPModel")
 def test_sp_divisibility_error():
     """A sequence length that does not split over tp is a one-line ValueError naming it."""
-    for n in world_sizes(3, 4):
-        for rank, res in enumerate(_results(n)):
-            info = res["divisibility"]
-            if info["good"] and "not_implemented" in info["good"]:
-                raise NotImplementedError(info["good"]["not_implemented"])
-            if info["good"]:
-                raise AssertionError(f"rank {rank}: SPModel with shapes that split over tp={n} "
-                                     f"raised {info['good']['type']}: {info['good']['message']}")
-            err, where = info["bad"], f"rank {rank}: SPModel({info['config']}) on {ranks_label(n)}"
-            if err is None:
-                raise AssertionError(f"{where} was built, but {info['config']} does not divide by "
-                                     f"tp={n}: raise a ValueError (cfg.validate(tp, sequence_parallel=True))")
-            if err["type"] != "ValueError" or "\n" in err["message"] or "seq_len" not in err["message"]:
-                raise AssertionError(f"{where} raised {err['type']}: {err['message']!r}; expected a "
-                                     f"one-line ValueError that names seq_len")
+    check_divisibility(_results, (3, 4), model="SPModel", names="seq_len",
+                       why="{config} does not divide",
+                       fix="cfg.validate(tp, sequence_parallel=True)")

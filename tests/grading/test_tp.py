@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.model_checks import B, STEP, build_error, check_ops, check_part, configs, cut, \
-    grads, ints, raise_if_failed, randn, ranks_label, run_every_part, run_traced_block, to_cpu
+from workbook.grading.model_checks import B, STEP, build_errors, check_divisibility, check_ops, \
+    check_part, configs, cut, grads, ints, raise_if_failed, randn, run_case, run_every_part, \
+    to_cpu, traced_block_phases
 
 TIMEOUT_S = 120.0
 LAB = "tp"
@@ -52,16 +53,12 @@ def _run_ops(lab, rank, n, dev) -> list[dict]:
 
 
 def _run_linears(lab, tag, cfg, rank, n, dev) -> list[dict]:
-    S, dt = cfg.seq_len, cfg.torch_dtype
     cases = []
     for label, name, fin, fout, kind, opts, lin, lout in _linears(cfg):
         cls = lab.ColumnParallelLinear if kind == "column" else lab.RowParallelLinear
         layer = cls(cfg, name, fin, fout, device=dev, **opts)
-        x = cut(randn(LAB, (B, S, fin), dt, tag, name, "x"), lin, rank, n).to(dev).requires_grad_()
-        y = layer(x)
-        y.backward(cut(randn(LAB, (B, S, fout), dt, tag, name, "dy"), lout, rank, n).to(dev))
-        cases.append({"label": label, "name": name, "out": y.detach(), "grad_in": x.grad,
-                      "grads": grads(layer), "in": lin, "out_layout": lout})
+        cases.append(run_case(LAB, tag, cfg, rank, n, dev, seed=name, module=layer, forward=layer,
+                              label=label, features=(fin, fout), layouts=(lin, lout), name=name))
     return cases
 
 
@@ -124,26 +121,15 @@ def _run_all() -> dict:
     if n > 1:                                  # the divisibility error: shapes that do not split
         good = ModelConfig() if n == 4 else ModelConfig.odd_shapes()
         bad = ModelConfig.odd_shapes() if n == 4 else ModelConfig()
-        res["builds"] = build_error(lambda: lab.TPModel(good))
-        res["divisibility"] = {"config": repr(bad), "errors": {
-            "TPModel": build_error(lambda: lab.TPModel(bad)),
-            "TPAttention": build_error(lambda: lab.TPAttention(bad, 0)),
-            "TPMLP": build_error(lambda: lab.TPMLP(bad, 0))}}
+        res["divisibility"] = build_errors(lambda: lab.TPModel(good), {
+            "TPModel": lambda: lab.TPModel(bad), "TPAttention": lambda: lab.TPAttention(bad, 0),
+            "TPMLP": lambda: lab.TPMLP(bad, 0)}, repr(bad))
     return to_cpu(res)
 
 
-def _run_traced(trace_dir: str) -> dict:
-    """On every rank: one TPBlock in a profiler trace (``tp_checks.run_traced_block``)."""
-    return run_traced_block(LAB, trace_dir, "TPBlock", None)
-
-
 # --------------------------------------------------------------------------- test side
-def _pool_run(key, n, fn, *args, link="none"):
-    return on_ranks(n, fn, *args, link=link, timeout=TIMEOUT_S, key=key)
-
-
 def _results(n):
-    return _pool_run("numerics", n, _run_all)
+    return on_ranks(n, _run_all, timeout=TIMEOUT_S, key="numerics")
 
 
 def _part_test(part: str, points: int, tasks: tuple, doc: str):
@@ -152,7 +138,7 @@ def _part_test(part: str, points: int, tasks: tuple, doc: str):
     @pytest.mark.points(points)
     @pytest.mark.tasks(*tasks)
     def test():
-        check_part(LAB, part, {n: _results(n) for n in world_sizes(1, 2, 3, 4)}, _linears)
+        check_part(LAB, part, _results, _linears)
     test.__doc__ = doc
     return test
 
@@ -248,55 +234,32 @@ def test_tp_block_pattern_from_trace(n, tmp_path):
     """From the profiler trace of one block on a simulated link: exactly 2 all-reduces in
     forward and 2 in backward, each of B*S*H elements, and no other collective."""
     n = graded_size(n, 2, 3)                   # under a rank cap: the largest size kept
-    from workbook.runtime.ranks import choose_backend
-    link = "dgx-h100" if choose_backend(None, n) == "gloo" else "none"    # no simulated link on NCCL
-    res = _pool_run(f"trace:{tmp_path}", n, _run_traced, str(tmp_path), link=link)
-    for rank, r in enumerate(res):
-        raise_if_failed(r, rank, n, "the traced TPBlock")
+    for rank, r, phase, got, where in traced_block_phases(LAB, n, tmp_path, "TPBlock",
+                                                          timeout=TIMEOUT_S):
         bsh_bytes = r["elements"] * r["elsize"]
-        for phase in ("forward", "backward"):
-            got = r["trace"][phase]
-            where = f"TPBlock {phase} on {ranks_label(n)} (from the trace)"
-            others = sorted(set(got) - {"all_reduce"})
-            if others:
-                listed = ", ".join(f"{got[o]['count']}x {o} ({got[o]['bytes']} bytes)" for o in others)
-                raise AssertionError(f"rank {rank}: {where}: found {listed}; a TP block "
-                                     f"communicates with all-reduces of activations only (2 of "
-                                     f"B*S*H = {r['elements']} elements per phase), never weights")
-            count = got.get("all_reduce", {}).get("count", 0)
-            if count != 2:
-                which = "g after attention and after the MLP" if phase == "forward" else \
-                    "f before attention and before the MLP"
-                raise AssertionError(f"rank {rank}: {where}: expected exactly 2 all_reduce, got "
-                                     f"{count} ({which})")
-            nbytes = got["all_reduce"]["bytes"]
-            sizes = [s for name, s in r["recorder"][phase] if name == "all_reduce"]
-            if (nbytes is not None and nbytes != 2 * bsh_bytes) or sizes != [bsh_bytes, bsh_bytes]:
-                raise AssertionError(f"rank {rank}: {where}: all-reduces of {sizes} bytes "
-                                     f"({nbytes} in all), expected 2 of B*S*H = {r['elements']} "
-                                     f"elements = {bsh_bytes} bytes")
+        others = sorted(set(got) - {"all_reduce"})
+        if others:
+            listed = ", ".join(f"{got[o]['count']}x {o} ({got[o]['bytes']} bytes)" for o in others)
+            raise AssertionError(f"rank {rank}: {where}: found {listed}; a TP block "
+                                 f"communicates with all-reduces of activations only (2 of "
+                                 f"B*S*H = {r['elements']} elements per phase), never weights")
+        count = got.get("all_reduce", {}).get("count", 0)
+        if count != 2:
+            which = "g after attention and after the MLP" if phase == "forward" else \
+                "f before attention and before the MLP"
+            raise AssertionError(f"rank {rank}: {where}: expected exactly 2 all_reduce, got "
+                                 f"{count} ({which})")
+        nbytes = got["all_reduce"]["bytes"]
+        sizes = [s for name, s in r["recorder"][phase] if name == "all_reduce"]
+        if (nbytes is not None and nbytes != 2 * bsh_bytes) or sizes != [bsh_bytes, bsh_bytes]:
+            raise AssertionError(f"rank {rank}: {where}: all-reduces of {sizes} bytes "
+                                 f"({nbytes} in all), expected 2 of B*S*H = {r['elements']} "
+                                 f"elements = {bsh_bytes} bytes")
 
 
 @pytest.mark.points(1)
 @pytest.mark.tasks("TPModel")
 def test_divisibility_error():
     """Shapes that do not split over tp give a one-line ValueError naming the field."""
-    for n in world_sizes(3, 4):
-        for rank, res in enumerate(_results(n)):
-            if res["builds"] and "not_implemented" in res["builds"]:
-                raise NotImplementedError(res["builds"]["not_implemented"])
-            if res["builds"]:
-                raise AssertionError(f"rank {rank}: TPModel with shapes that split over tp={n} "
-                                     f"raised {res['builds']['type']}: {res['builds']['message']}")
-            info = res["divisibility"]
-            for what, err in info["errors"].items():
-                if err and "not_implemented" in err:
-                    raise NotImplementedError(err["not_implemented"])
-                where = f"rank {rank}: {what}({info['config']}) on {ranks_label(n)}"
-                if err is None:
-                    raise AssertionError(f"{where} was built, but the shapes do not divide by "
-                                         f"tp={n}: raise a ValueError (use cfg.validate(tp))")
-                if err["type"] != "ValueError" or "\n" in err["message"] or \
-                        f"tp={n}" not in err["message"]:
-                    raise AssertionError(f"{where} raised {err['type']}: {err['message']!r}; "
-                                         f"expected a one-line ValueError that names tp={n}")
+    check_divisibility(_results, (3, 4), model="TPModel", names="tp={n}",
+                       why="the shapes do not divide", fix="use cfg.validate(tp)")

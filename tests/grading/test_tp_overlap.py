@@ -20,19 +20,17 @@ rank skew excused, a near miss measured again (``workbook.grading.timing``).
 """
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 import torch
 
-from workbook.measure.calibration import recalibrate
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.model_checks import B, STEP, check_part, cut, grads, ints, raise_if_failed, \
-    randn, rank_error, ranks_label, run_every_part, run_traced_block, to_cpu
-from workbook.grading.trace_checks import assert_phase_hidden, measure_hidden, \
-    trace_root_fixture
-from workbook.link.program_order import CountGemms, waited_at_once
+from workbook.grading.model_checks import B, STEP, check_part, ints, raise_if_failed, ranks_label, \
+    run_case, run_every_part, sequence_parallel_linears, to_cpu, traced_block_phases
+from workbook.grading.overlap_run import profile_lab_step
+from workbook.grading.trace_checks import OverlapCheck, trace_root_fixture
+from workbook.link.program_order import waited_at_once
 
 LAB = "tp_overlap"
 TIMEOUT_S = 120.0
@@ -73,30 +71,22 @@ def _coded(rank: int, n: int):
 
 
 def _linears(cfg):
-    """(label, reference name, in, out, kind, input layout, output layout)"""
-    H, F = cfg.hidden, cfg.ffn_hidden
-    up, down = ("fc1", "fc2") if cfg.style == "gpt" else ("w_up", "w_down")
-    return [("column_parallel_linear", f"blocks.1.mlp.{up}", H, F, "column", "seq", "last"),
-            ("row_parallel_linear", f"blocks.1.mlp.{down}", F, H, "row", "last", "seq"),
-            ("row_parallel_linear", "blocks.0.attn.wo", H, H, "row", "last", "seq")]
+    return sequence_parallel_linears(cfg, "column_parallel_linear", "row_parallel_linear")
 
 
 def _run_linears(lab, tag, cfg, rank, n, dev) -> list[dict]:
     from workbook.tensor_parallel.sequence_parallel import ShardedLinear, sync_sequence_parallel_grads
     cases = []
     for variant in VARIANTS:
+        overlap = lab.VARIANTS[variant]
         for label, name, fin, fout, kind, lin, lout in _linears(cfg):
             linear = ShardedLinear(cfg, name, kind, dev)
-            x = cut(randn(LAB, (B, cfg.seq_len, fin), cfg.torch_dtype, tag, name, "x"), lin, rank, n)
-            x = x.to(dev).requires_grad_()
-            overlap = lab.VARIANTS[variant]
-            y = lab.column_parallel_linear(x, [linear], overlap)[0] if kind == "column" else \
-                lab.row_parallel_linear(x, linear, overlap)
-            y.backward(cut(randn(LAB, (B, cfg.seq_len, fout), cfg.torch_dtype, tag, name, "dy"),
-                           lout, rank, n).to(dev))
-            sync_sequence_parallel_grads(linear)
-            cases.append({"label": f"{label} {name} [{variant}]", "name": name, "out": y.detach(),
-                          "grad_in": x.grad, "grads": grads(linear), "in": lin, "out_layout": lout})
+            forward = (lambda x: lab.column_parallel_linear(x, [linear], overlap)[0]) \
+                if kind == "column" else (lambda x: lab.row_parallel_linear(x, linear, overlap))
+            cases.append(run_case(LAB, tag, cfg, rank, n, dev, seed=name, module=linear,
+                                  forward=forward, label=f"{label} {name} [{variant}]",
+                                  features=(fin, fout), layouts=(lin, lout),
+                                  sync=sync_sequence_parallel_grads, name=name))
     return cases
 
 
@@ -105,16 +95,14 @@ def _run_module(part):
     def run(lab, tag, cfg, rank, n, dev) -> list[dict]:
         from workbook.tensor_parallel.sequence_parallel import sync_sequence_parallel_grads
         cls = {"mlp": lab.OverlapMLP, "attn": lab.OverlapAttention, "block": lab.OverlapBlock}[part]
-        shape, cases = (B, cfg.seq_len, cfg.hidden), []
+        step = {"step": STEP} if part == "block" else {}
+        cases = []
         for variant in VARIANTS:
             module = cls(cfg, 1, dev, lab.VARIANTS[variant])
-            x = cut(randn(LAB, shape, cfg.torch_dtype, tag, part, "x"), "seq", rank, n)
-            x = x.to(dev).requires_grad_()
-            y = module(x, **({"step": STEP} if part == "block" else {}))
-            y.backward(cut(randn(LAB, shape, cfg.torch_dtype, tag, part, "dy"), "seq", rank, n).to(dev))
-            sync_sequence_parallel_grads(module)
-            cases.append({"label": f"{cls.__name__} [{variant}]", "out": y.detach(),
-                          "grad_in": x.grad, "grads": grads(module), "in": "seq", "out_layout": "seq"})
+            cases.append(run_case(LAB, tag, cfg, rank, n, dev, seed=part, module=module,
+                                  forward=lambda x: module(x, **step),
+                                  label=f"{cls.__name__} [{variant}]", layouts=("seq", "seq"),
+                                  sync=sync_sequence_parallel_grads))
         return cases
     return run
 
@@ -128,59 +116,45 @@ def _run_all() -> dict:
     return to_cpu(run_every_part(load_lab(LAB), _run_ring_ops, PARTS))
 
 
-def _run_traced(trace_dir: str, variant: str) -> dict:
-    return run_traced_block(LAB, trace_dir, "OverlapBlock", "seq", variant=variant)
-
-
 def _overlap(trace_dir: str) -> dict:
     """On every rank: one profiled ``pipelined+bulk`` block step (after a warm-up) on a model
     whose GEMMs are large enough to cover most ring steps; the link's ops per pass."""
-    import torch.distributed as dist
-    from workbook import link, trace
-    from workbook.grading.labs import load_lab
-    from workbook.runtime.launch import device
     from workbook.model import ModelConfig
-    from workbook.trace.capture import rank_trace
-    rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
-    try:
-        lab = load_lab(LAB)
-        recalibrate(LINK)                # the matmul rate now: a busy machine slows compute
-        H = 2048
+    from workbook.runtime.launch import device
+    dev, H = device(), 2048
+
+    def prepare(lab):
+        import torch.distributed as dist
+        n = dist.get_world_size()
         cfg = ModelConfig(hidden=H, heads=16, ffn_hidden=4 * H, n_layers=1, seq_len=512,
                           vocab_size=256, dtype="float32")
         block = lab.OverlapBlock(cfg, 0, dev, lab.VARIANTS["pipelined+bulk"])
-        g = torch.Generator().manual_seed(rank)
+        g = torch.Generator().manual_seed(dist.get_rank())
         x = torch.randn(2, cfg.seq_len // n, H, generator=g).to(dev).requires_grad_()
         dy = torch.randn(2, cfg.seq_len // n, H, generator=g).to(dev)
         block(x, step=0).backward(dy)                                       # warm-up
         block.zero_grad(set_to_none=True)
-        dist.barrier()
-        before = len(link.op_log())
-        with rank_trace(trace_dir, lab=LAB), CountGemms():     # program order: GEMMs between
-            with torch.profiler.record_function("forward"):
-                y = block(x, step=1)
-            middle = time.perf_counter_ns()
-            with torch.profiler.record_function("backward"):
-                y.backward(dy)
-    except NotImplementedError as exc:
-        return {"rank": rank, "not_implemented": str(exc)}
-    except Exception as exc:             # noqa: BLE001 - reported by the judge
-        return {"rank": rank, **rank_error(exc)}
-    ops = [r for r in link.op_log()[before:] if r.op != "barrier"]
-    t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
-    result = {"rank": rank, "link": link.current_link().label}
+        return block, x, dy
+
+    def step(lab, state):
+        block, x, dy = state
+        with torch.profiler.record_function("forward"):
+            y = block(x, step=1)
+        middle = time.perf_counter_ns()
+        with torch.profiler.record_function("backward"):
+            y.backward(dy)
+        return middle
+
+    run = profile_lab_step(LAB, LINK, trace_dir, prepare, step)
+    if isinstance(run, dict):
+        return run
+    result = run.head()
     for phase in ("forward", "backward"):
-        mine = [r for r in ops if (r.issued_ns < middle) == (phase == "forward")]
+        mine = [r for r in run.link_ops if (r.issued_ns < run.marks) == (phase == "forward")]
         at_once = [r for r in mine if waited_at_once(r)]     # no GEMM between start and wait
-        o = trace.overlap(t, within=phase)
-        result[phase] = {
-            "pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,
-            "exposed_ms": (o.exposed_comm_us - o.skew_us) / 1e3, "skew_ms": o.skew_us / 1e3,
-            "ops": sorted({r.op for r in mine}), "count": len(mine),
-            "link_ms": sum(r.modelled_ns for r in mine) / 1e6,
-            "never_waited": sorted({r.op for r in mine if not r.first_wait_ns}),
-            "at_once": {op: sum(r.modelled_ns for r in at_once if r.op == op) / 1e6
-                        for op in sorted({r.op for r in at_once})}}
+        result[phase] = {**run.figures(phase, mine),
+                         "at_once": {op: sum(r.modelled_ns for r in at_once if r.op == op) / 1e6
+                                     for op in sorted({r.op for r in at_once})}}
     return result
 
 
@@ -254,19 +228,6 @@ def test_ring_all_gather_matmul():
                         f"is right: multiply the shard held at each step into its own rows)")
 
 
-def _check_reduce_scatter(op: str) -> None:
-    for n in world_sizes(1, 2, 3, 4):
-        per_rank, _, w, a = _ring_ops(n)
-        s = a[0].shape[1] // n
-        sums = [sum(a[r][:, j * s:(j + 1) * s] @ w[r].T for r in range(n)) for j in range(n)]
-        for rank, res in enumerate(per_rank):
-            got = _ops_case(res, op)["out"]
-            if torch.equal(got, sums[rank]):
-                continue
-            raise AssertionError(f"rank {rank}: {op} on {ranks_label(n)} returned "
-                                 f"{_what_was_summed(_ops_case(res, op)['coded'], rank, n)}")
-
-
 def _what_was_summed(got: torch.Tensor, rank: int, n: int) -> str:
     """Decode the coded run: which shard of each rank's partial product this rank's sum holds."""
     coded = [_coded(q, n)[0] for q in range(n)]
@@ -284,6 +245,19 @@ def _what_was_summed(got: torch.Tensor, rank: int, n: int) -> str:
             f"{rank}. The running sums travel the ring in the wrong order: at step k add your "
             f"partial product of shard (r - k - 1) mod n to the running sum you received, so that "
             f"the last step adds to your own shard")
+
+
+def _check_reduce_scatter(op: str) -> None:
+    for n in world_sizes(1, 2, 3, 4):
+        per_rank, _, w, a = _ring_ops(n)
+        s = a[0].shape[1] // n
+        sums = [sum(a[r][:, j * s:(j + 1) * s] @ w[r].T for r in range(n)) for j in range(n)]
+        for rank, res in enumerate(per_rank):
+            got = _ops_case(res, op)["out"]
+            if torch.equal(got, sums[rank]):
+                continue
+            raise AssertionError(f"rank {rank}: {op} on {ranks_label(n)} returned "
+                                 f"{_what_was_summed(_ops_case(res, op)['coded'], rank, n)}")
 
 
 @pytest.mark.points(3)
@@ -305,22 +279,20 @@ def _part_test(part: str, points: int, tasks: tuple, doc: str):
     @pytest.mark.points(points)
     @pytest.mark.tasks(*tasks)
     def test():
-        check_part(LAB, part, {n: _results(n) for n in world_sizes(1, 2, 3, 4)}, _linears,
-                   synced=True)
-    test.__doc__ = doc
+        check_part(LAB, part, _results, _linears, synced=True)
+    test.__doc__ = f"{doc}, forward and backward, under every variant ({', '.join(VARIANTS)})."
     return test
 
 
 test_linears = _part_test(
     "linear", 3, ("ColumnParallelMatmul", "RowParallelMatmul", "column_parallel_linear",
                   "row_parallel_linear"),
-    "Column: shard in, column slice out; row: reduce-scattered shard out, bias once; forward "
-    "and backward under every variant.")
-test_mlp = _part_test("mlp", 2, ("OverlapMLP",), "The MLP from shards to shards, every variant.")
+    "Column: shard in, column slice out; row: reduce-scattered shard out, bias once")
+test_mlp = _part_test("mlp", 2, ("OverlapMLP",), "The MLP from shards to shards")
 test_attention = _part_test("attn", 2, ("OverlapAttention",), "Attention: q, k, v behind one "
-                            "all-gather (RoPE on the full positions for llama), every variant.")
+                            "all-gather (RoPE on the full positions for llama)")
 test_block = _part_test("block", 2, ("OverlapAttention", "OverlapMLP"), "The block on shards "
-                        "(given norms, dropout, residual) around your sublayers, every variant.")
+                        "(given norms, dropout, residual) around your sublayers")
 
 
 @pytest.mark.points(3)
@@ -332,42 +304,35 @@ def test_ring_pattern_from_trace(n, tmp_path):
     B*S/n*H elements each, and no all-gather or reduce-scatter where a ring replaces it; with
     bulk, the backward makes one all-gather and one reduce-scatter per column-parallel GEMM."""
     n = graded_size(n, 2, 3)
-    from workbook.runtime.ranks import choose_backend
-    link = LINK if choose_backend(None, n) == "gloo" else "none"
     for variant, backward_collectives in (("pipelined+bulk", 2), ("pipelined", 0)):
-        res = on_ranks(n, _run_traced, str(tmp_path / variant), variant, link=link,
-                       timeout=TIMEOUT_S, key=f"trace:{tmp_path}:{variant}")
-        for rank, r in enumerate(res):
-            raise_if_failed(r, rank, n, f"the traced OverlapBlock [{variant}]")
+        for rank, r, phase, got, where in traced_block_phases(
+                LAB, n, tmp_path / variant, "OverlapBlock", "seq", variant, timeout=TIMEOUT_S):
             shard_bytes = r["elements"] * r["elsize"] // n
-            for phase in ("forward", "backward"):
-                got = r["trace"][phase]
-                where = f"OverlapBlock [{variant}] {phase} on {ranks_label(n)} (from the trace)"
-                rings = 4 if phase == "forward" or not backward_collectives else 2
-                want = {"all_gather": 0 if phase == "forward" else backward_collectives,
-                        "reduce_scatter": 0 if phase == "forward" else backward_collectives,
-                        "all_reduce": 0}
-                for name, count in want.items():
-                    have = got.get(name, {}).get("count", 0)
-                    if have != count:
-                        hint = ("a pipelined ring replaces it: exchange shards (or running sums) "
-                                "with the neighbours while the GEMM runs") if have > count else \
-                               ("bulk overlap sends the saved input's all-gather during the dgrad "
-                                "GEMM and dgrad's reduce-scatter during the wgrad GEMM")
-                        raise AssertionError(f"rank {rank}: {where}: {have} {name}, expected "
-                                             f"{count}; {hint}")
-                for name in ("send", "recv"):
-                    c = got.get(name, {"count": 0, "bytes": 0})
-                    if c["count"] != rings * (n - 1):
-                        raise AssertionError(
-                            f"rank {rank}: {where}: {c['count']} {name}s, expected {rings} rings x "
-                            f"(n - 1) = {rings * (n - 1)}: a ring of n ranks takes n - 1 steps, "
-                            f"one {name} each")
-                    if c["bytes"] is not None and c["bytes"] != rings * (n - 1) * shard_bytes:
-                        raise AssertionError(
-                            f"rank {rank}: {where}: the {name}s moved {c['bytes']} bytes, expected "
-                            f"{rings * (n - 1)} shards of B*S/n*H = {shard_bytes} bytes (one "
-                            f"sequence shard per step)")
+            rings = 4 if phase == "forward" or not backward_collectives else 2
+            want = {"all_gather": 0 if phase == "forward" else backward_collectives,
+                    "reduce_scatter": 0 if phase == "forward" else backward_collectives,
+                    "all_reduce": 0}
+            for name, count in want.items():
+                have = got.get(name, {}).get("count", 0)
+                if have != count:
+                    hint = ("a pipelined ring replaces it: exchange shards (or running sums) "
+                            "with the neighbours while the GEMM runs") if have > count else \
+                           ("bulk overlap sends the saved input's all-gather during the dgrad "
+                            "GEMM and dgrad's reduce-scatter during the wgrad GEMM")
+                    raise AssertionError(f"rank {rank}: {where}: {have} {name}, expected "
+                                         f"{count}; {hint}")
+            for name in ("send", "recv"):
+                c = got.get(name, {"count": 0, "bytes": 0})
+                if c["count"] != rings * (n - 1):
+                    raise AssertionError(
+                        f"rank {rank}: {where}: {c['count']} {name}s, expected {rings} rings x "
+                        f"(n - 1) = {rings * (n - 1)}: a ring of n ranks takes n - 1 steps, "
+                        f"one {name} each")
+                if c["bytes"] is not None and c["bytes"] != rings * (n - 1) * shard_bytes:
+                    raise AssertionError(
+                        f"rank {rank}: {where}: the {name}s moved {c['bytes']} bytes, expected "
+                        f"{rings * (n - 1)} shards of B*S/n*H = {shard_bytes} bytes (one "
+                        f"sequence shard per step)")
 
 
 # --------------------------------------------------------------------------- overlap
@@ -394,33 +359,15 @@ def _structure(r: dict, phases=("forward", "backward")) -> str | None:
     return None
 
 
-def _limit(phase: str) -> float:
-    return FWD_THRESHOLD_PCT if phase == "forward" else BWD_THRESHOLD_PCT
-
-
-
-def _overlap_results(tmp_root) -> list[dict]:
-    n, = world_sizes(2)
-    return measure_hidden(
-        lambda k: on_ranks(n, _overlap, str(tmp_root / f"attempt{k}"), link=LINK,
-                           timeout=TIMEOUT_S, key=("overlap", str(tmp_root), k)),
-        {ph: _limit(ph) for ph in ("forward", "backward")}, _structure)
-
-
-def _check_overlap(phase: str, tmp_root) -> None:
-    res = _overlap_results(tmp_root)
-    for r in res:
-        raise_if_failed(r, r["rank"], len(res), "the overlap run")
-        problem = _structure(r, (phase,))
-        if problem:
-            raise AssertionError(problem)
-    assert_phase_hidden(
-        res, phase, _limit(phase), where="OverlapBlock [pipelined+bulk] (2 ranks, {link})",
-        what=f"the link time issued in the {phase} pass",
-        advice="start each exchange before the GEMM of the shard you hold and wait after it"
-               if phase == "forward" else
-               "start the all-gather before the dgrad GEMM and the reduce-scatter before the "
-               "wgrad GEMM; in the row-parallel backward ring, wait after each step's GEMM")
+OVERLAP = OverlapCheck(
+    _overlap, {"forward": FWD_THRESHOLD_PCT, "backward": BWD_THRESHOLD_PCT}, _structure,
+    where="OverlapBlock [pipelined+bulk] (2 ranks, {link})", link=LINK, timeout=TIMEOUT_S,
+    what="the link time issued in the {phase} pass",
+    advice={"forward": "start each exchange before the GEMM of the shard you hold and wait after "
+                       "it",
+            "backward": "start the all-gather before the dgrad GEMM and the reduce-scatter before "
+                        "the wgrad GEMM; in the row-parallel backward ring, wait after each step's "
+                        "GEMM"})
 
 
 trace_root = trace_root_fixture("tp_overlap_traces")
@@ -432,11 +379,11 @@ OVERLAP_TASKS = ("exchange", "ring_all_gather_matmul", "ring_matmul_reduce_scatt
 @pytest.mark.tasks(*OVERLAP_TASKS)
 def test_forward_communication_hidden(trace_root):
     """At least 50% of the forward ring exchanges' link time hidden behind the GEMMs."""
-    _check_overlap("forward", trace_root)
+    OVERLAP.check(trace_root, ("forward",))
 
 
 @pytest.mark.points(3)
 @pytest.mark.tasks(*OVERLAP_TASKS)
 def test_backward_communication_hidden(trace_root):
     """At least 50% of the backward pass's link time (ring and bulk) hidden behind the GEMMs."""
-    _check_overlap("backward", trace_root)
+    OVERLAP.check(trace_root, ("backward",))

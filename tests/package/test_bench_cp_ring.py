@@ -3,13 +3,12 @@ field for every link, its ring-step bookkeeping matches the lab's schedule, and 
 at once, in one line, with exit status 2."""
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import subprocess
 import sys
 
 import pytest
+from bench_checks import assert_cli_routes, parse, run_tiny
 
 from workbook.context_parallel import cp_ring_bench as bench
 from workbook.context_parallel import Layout, contiguous_layout
@@ -17,17 +16,8 @@ from workbook.context_parallel import Layout, contiguous_layout
 TINY = ["--seq", "32,64", "--heads", "2", "--head-dim", "8", "--repeats", "1"]
 
 
-def _args(*argv):
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
 def test_bench_runs_end_to_end_on_two_ranks(tmp_path, capsys):
-    path = tmp_path / "cp_ring.json"
-    result = bench.run_bench(_args(*TINY, "--trace-dir", str(tmp_path / "traces"),
-                                   "--json", str(path), "--figure", str(tmp_path / "f.html")))
-    doc = json.loads(path.read_text())
+    result, doc = run_tiny(bench, tmp_path, "cp_ring", *TINY)
     cases = ["32/contiguous", "32/zigzag", "64/contiguous", "64/zigzag"]
     assert doc["nproc"] == 2 and doc["options"]["seqs"] == [32, 64] and list(doc["balance"]) == cases
     for case, b in doc["balance"].items():
@@ -91,8 +81,8 @@ def test_ring_bookkeeping():
 
 def test_bad_options_fail_in_one_line(capsys):
     with pytest.raises(SystemExit) as err:
-        bench.run_bench(_args("--nproc", "5", "--link", "nvlink", "none", "--seq", "1000,36",
-                              "--splits", "contiguous,diagonal", "--heads", "0"))
+        bench.run_bench(parse(bench, "--nproc", "5", "--link", "nvlink", "none", "--seq",
+                              "1000,36", "--splits", "contiguous,diagonal", "--heads", "0"))
     assert err.value.code == 2
     message = str(err.value)
     assert "\n" not in message and message.startswith("workbook bench cp_ring: ")
@@ -102,7 +92,7 @@ def test_bad_options_fail_in_one_line(capsys):
                  "nproc = 10", "--batch, --heads and --head-dim must be at least 1"):
         assert part in message, (part, message)
     with pytest.raises(SystemExit, match=r"^workbook bench cp_ring: --seq '1k,2k'"):
-        bench.run_bench(_args("--seq", "1k,2k"))
+        bench.run_bench(parse(bench, "--seq", "1k,2k"))
     with pytest.raises(SystemExit, match="^workbook bench cp_ring: unknown option"):
         bench.measure(hiden=64)
     with pytest.raises(SystemExit, match="--repeats must be at least 1"):
@@ -118,16 +108,5 @@ def test_module_runs_as_a_command():
 
 
 def test_cli_routes_bench_cp_ring(capsys):
-    from workbook.cli import main
-    with pytest.raises(SystemExit) as err:
-        main(["bench", "cp_ring", "--link", "dgx-h100", "nvlink"])
-    assert err.value.code == 2
-    assert capsys.readouterr().err.startswith("workbook bench cp_ring: unknown link preset")
-    with pytest.raises(SystemExit):
-        main(["bench", "cp_ring", "--help"])
-    out = capsys.readouterr().out
-    assert "workbook bench cp_ring" in out and "--head-dim" in out and "--seq" in out
-    assert main(["bench", "--nproc", "2", "cp_ring"]) == 2
-    with pytest.raises(SystemExit):
-        main(["bench", "--help"])
-    assert "cp_ring" in capsys.readouterr().out
+    assert_cli_routes(capsys, "cp_ring", ["--link", "dgx-h100", "nvlink"], "unknown link preset",
+                      options=("--head-dim", "--seq"))

@@ -3,11 +3,10 @@ field for every link, its predictions agree with what the schedule model must gi
 options fail at once, in one line."""
 from __future__ import annotations
 
-import argparse
-import json
 import math
 
 import pytest
+from bench_checks import assert_cli_routes, flags, parse, run_tiny
 
 from workbook.data_parallel import dp_overlap_bench as bench
 
@@ -15,19 +14,9 @@ TINY = dict(hidden=32, heads=2, ffn=64, layers=2, batch=4, seq=16, vocab=64)
 NAMES = ["naive", "bucketed@1KiB", "bucketed@64KiB", "zero1", "zero2", "zero3", "no_comm"]
 
 
-def _args(*argv):
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
 def test_bench_runs_end_to_end_on_two_ranks(tmp_path, capsys):
-    tiny = [f"--{k}={v}" for k, v in TINY.items()]
-    path = tmp_path / "dp_overlap.json"
-    result = bench.run_bench(_args(*tiny, "--buckets", "1KiB,64K", "--steps", "1",
-                                   "--trace-dir", str(tmp_path / "traces"), "--json", str(path),
-                                   "--figure", str(tmp_path / "f.html")))
-    doc = json.loads(path.read_text())
+    result, doc = run_tiny(bench, tmp_path, "dp_overlap", *flags(TINY), "--buckets", "1KiB,64K",
+                           "--steps", "1")
     assert list(doc["links"]) == list(bench.LINKS) and doc["options"]["names"] == NAMES
     for preset, r in doc["links"].items():
         assert preset in r["link_label"] and list(r["variants"]) == NAMES
@@ -54,7 +43,6 @@ def test_bench_runs_end_to_end_on_two_ranks(tmp_path, capsys):
     assert first.startswith("dp_overlap benchmark, SIMULATED link: dgx-h100 (calibrated"), first
     assert "[dgx-h100-ib] SIMULATED link: dgx-h100-ib" in text and "NOT met" in text
     assert bench.report(result).splitlines()[0] == first
-    assert (tmp_path / "f.html").stat().st_size > 1000
 
 
 def test_schedule_model():
@@ -80,7 +68,7 @@ def test_sizes_with_binary_suffixes():
 
 def test_bad_options_fail_in_one_line():
     with pytest.raises(SystemExit) as err:
-        bench.run_bench(_args("--heads", "5", "--nproc", "3", "--variants", "naive,ring",
+        bench.run_bench(parse(bench, "--heads", "5", "--nproc", "3", "--variants", "naive,ring",
                               "--link", "nvlink", "--buckets", "1Q"))
     message = str(err.value)
     assert "\n" not in message and message.startswith("workbook bench dp_overlap: ")
@@ -94,10 +82,5 @@ def test_bad_options_fail_in_one_line():
 
 
 def test_cli_routes_bench_dp_overlap(capsys):
-    from workbook.cli import main
-    with pytest.raises(SystemExit, match="unknown link preset"):
-        main(["bench", "dp_overlap", "--link", "dgx-h100", "nvlink"])
-    with pytest.raises(SystemExit):
-        main(["bench", "dp_overlap", "--help"])
-    assert "workbook bench dp_overlap" in capsys.readouterr().out
-    assert main(["bench", "--nproc", "2", "dp_overlap"]) == 2
+    assert_cli_routes(capsys, "dp_overlap", ["--link", "dgx-h100", "nvlink"],
+                      "unknown link preset", usage_error=False)

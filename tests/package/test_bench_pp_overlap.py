@@ -3,22 +3,15 @@ field for every link, its predictions agree with ``workbook.pipeline_parallel.si
 fail at once, in one line, with exit status 2."""
 from __future__ import annotations
 
-import argparse
-import json
 import math
 
 import pytest
+from bench_checks import assert_cli_routes, flags, parse, run_tiny
 
 from workbook.pipeline_parallel import pp_overlap_bench as bench
 
 TINY = dict(hidden=32, heads=2, layers=2, seq=8, rows=1, micro_batches=4, vocab=64)
 NAMES = ["gpipe", "1f1b", "1f1b_overlap", "no_comm"]
-
-
-def _args(*argv):
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    return parser.parse_args(list(argv))
 
 
 def _one_f_one_b(p: int, m: int) -> list[list[tuple]]:
@@ -33,11 +26,7 @@ def _one_f_one_b(p: int, m: int) -> list[list[tuple]]:
 
 
 def test_bench_runs_end_to_end_on_two_stages(tmp_path, capsys):
-    tiny = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
-    path = tmp_path / "pp_overlap.json"
-    result = bench.run_bench(_args(*tiny, "--repeats", "1", "--trace-dir", str(tmp_path / "traces"),
-                                   "--json", str(path), "--figure", str(tmp_path / "f.html")))
-    doc = json.loads(path.read_text())
+    result, doc = run_tiny(bench, tmp_path, "pp_overlap", *flags(TINY), "--repeats", "1")
     assert list(doc["links"]) == list(bench.LINKS) and doc["options"]["variants"] == NAMES
     assert doc["nproc"] == 2 and doc["oversubscribed"] is False
     m, p = TINY["micro_batches"], 2
@@ -72,7 +61,6 @@ def test_bench_runs_end_to_end_on_two_stages(tmp_path, capsys):
     assert "ceiling for non-interleaved 1F1B" in text and "forward / transfer = " in text
     assert "oversubscribed" not in text
     assert bench.report(result).splitlines()[0] == first
-    assert (tmp_path / "f.html").stat().st_size > 1000
     assert any((tmp_path / "traces" / "dgx-h100" / "1f1b_overlap" / "step0").glob("rank1.trace.json*"))
 
 
@@ -110,7 +98,7 @@ def test_combine_takes_the_slowest_stage_and_adds_link_times():
 
 def test_bad_options_fail_in_one_line(capsys):
     with pytest.raises(SystemExit) as err:
-        bench.run_bench(_args("--heads", "5", "--nproc", "5", "--variants", "gpipe,zb",
+        bench.run_bench(parse(bench, "--heads", "5", "--nproc", "5", "--variants", "gpipe,zb",
                               "--link", "nvlink", "--micro-batches", "0"))
     assert err.value.code == 2
     message = str(err.value)
@@ -126,16 +114,5 @@ def test_bad_options_fail_in_one_line(capsys):
 
 
 def test_cli_routes_bench_pp_overlap(capsys):
-    from workbook.cli import main
-    with pytest.raises(SystemExit) as err:
-        main(["bench", "pp_overlap", "--link", "dgx-h100", "nvlink"])
-    assert err.value.code == 2
-    assert capsys.readouterr().err.startswith("workbook bench pp_overlap: unknown link preset")
-    with pytest.raises(SystemExit):
-        main(["bench", "pp_overlap", "--help"])
-    out = capsys.readouterr().out
-    assert "workbook bench pp_overlap" in out and "--micro-batches" in out
-    assert main(["bench", "--nproc", "2", "pp_overlap"]) == 2
-    with pytest.raises(SystemExit):
-        main(["bench", "--help"])
-    assert "pp_overlap" in capsys.readouterr().out
+    assert_cli_routes(capsys, "pp_overlap", ["--link", "dgx-h100", "nvlink"],
+                      "unknown link preset", options=("--micro-batches",))

@@ -7,11 +7,10 @@ and every gradient must equal vanilla TP's, or their timings would be of the wro
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 
 import pytest
+from bench_checks import assert_cli_routes, flags, parse, run_tiny, vanilla_tp_step
 
 from workbook.tensor_parallel import tp_overlap_bench
 
@@ -20,22 +19,11 @@ TINY = dict(hidden=64, heads=4, ffn=256, layers=2, batch=4, seq=32, vocab=128, p
 
 def _lab_variants_against_vanilla():
     import torch
-    import torch.distributed as dist
 
     from workbook.grading.labs import load_lab
-    from workbook.model import ModelConfig
     from workbook.tensor_parallel.mappings import sequence_range
-    from workbook.tensor_parallel.layer_stack import TPStack
-    domino, lab = load_lab("domino", "solutions"), load_lab("tp_overlap", "solutions")
-    cfg = ModelConfig(hidden=64, heads=4, ffn_hidden=256, n_layers=2, seq_len=16, vocab_size=128,
-                      dtype="float64", dropout=0.1)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4, 16, 64, generator=g, dtype=torch.float64)
-    targets = torch.randint(0, 128, (4, 16), generator=g)
-    m = TPStack(cfg, dist.get_rank(), dist.get_world_size())
-    want_loss = domino.train_step(m, x, targets, variant="vanilla_tp", step=3).item()
-    want = {k: t.grad.clone() for k, t in m.params.items()}
-    m.zero_grad()
+    lab = load_lab("tp_overlap", "solutions")
+    m, cfg, x, targets, want_loss, want = vanilla_tp_step()
     xs = x[:, slice(*sequence_range(16))].contiguous()
     errors = {}
     for variant in ("sp", "pipelined+bulk", "chunked+bulk"):
@@ -60,19 +48,9 @@ def test_lab_variants_compute_what_vanilla_tp_computes():
             assert grad_err < 1e-12, f"rank {rank}, {variant}: gradient of {name} differs by {grad_err:.1e}"
 
 
-def _args(*argv):
-    parser = argparse.ArgumentParser()
-    tp_overlap_bench.add_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
 def test_bench_runs_end_to_end_on_two_ranks(tmp_path, capsys):
-    tiny = [f"--{k}={v}" for k, v in TINY.items()]
-    path = tmp_path / "tp_overlap.json"
-    result = tp_overlap_bench.run_bench(_args(*tiny, "--steps", "1", "--warmup", "1",
-                                              "--trace-dir", str(tmp_path / "traces"),
-                                              "--json", str(path), "--figure", str(tmp_path / "f.html")))
-    doc = json.loads(path.read_text())
+    result, doc = run_tiny(tp_overlap_bench, tmp_path, "tp_overlap", *flags(TINY), "--steps", "1",
+                           "--warmup", "1")
     assert set(doc["variants"]) == set(tp_overlap_bench.VARIANTS)
     for name, row in doc["variants"].items():
         figures = tp_overlap_bench.FIELDS if name != "no_comm" else ("step_ms", "comm_ms")
@@ -88,13 +66,12 @@ def test_bench_runs_end_to_end_on_two_ranks(tmp_path, capsys):
     assert "simulated figures" in text and "like for like" in text
     assert tp_overlap_bench.report(result).splitlines()[0] == first
     assert "SIMULATED" in tp_overlap_bench.figure(result).layout.title.text
-    assert (tmp_path / "f.html").stat().st_size > 1000
 
 
 def test_bad_options_fail_in_one_line():
     with pytest.raises(SystemExit) as err:
-        tp_overlap_bench.run_bench(_args("--p", "3", "--heads", "5", "--nproc", "3",
-                                         "--variants", "sp,ring"))
+        tp_overlap_bench.run_bench(parse(tp_overlap_bench, "--p", "3", "--heads", "5", "--nproc",
+                                         "3", "--variants", "sp,ring"))
     message = str(err.value)
     assert "\n" not in message and message.startswith("workbook bench tp_overlap: ")
     d = tp_overlap_bench.DEFAULTS
@@ -111,10 +88,5 @@ def test_bad_options_fail_in_one_line():
 
 
 def test_cli_routes_bench_tp_overlap(capsys):
-    from workbook.cli import main
-    with pytest.raises(SystemExit, match="--p 3 must divide --batch"):
-        main(["bench", "tp_overlap", "--p", "3"])
-    with pytest.raises(SystemExit):
-        main(["bench", "tp_overlap", "--help"])
-    assert "workbook bench tp_overlap" in capsys.readouterr().out
-    assert main(["bench", "--nproc", "2", "tp_overlap"]) == 2
+    assert_cli_routes(capsys, "tp_overlap", ["--p", "3"], "--p 3 must divide --batch",
+                      usage_error=False)

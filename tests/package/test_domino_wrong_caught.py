@@ -16,7 +16,7 @@ measure wall-clock time, and several graders at once on a small machine would di
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, grade_in_process
+from wrong_labs import assert_caught, outcomes_fixture
 
 NUMERICS = ("test_domino_matches_reference_tp2", "test_domino_matches_reference_tp4")
 BOTH_OVERLAPS = ("test_forward_communication_hidden", "test_backward_communication_hidden")
@@ -51,9 +51,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def outcomes():
-    return {folder: grade_in_process(folder, "domino") for folder in CASES}
+outcomes = outcomes_fixture("domino", CASES)
 
 
 @pytest.mark.parametrize("folder", sorted(CASES))

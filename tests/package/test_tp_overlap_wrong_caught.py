@@ -17,7 +17,7 @@ a pytest subprocess, without starting torch and four pools per folder.
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, grade_in_process
+from wrong_labs import assert_caught, outcomes_fixture
 
 NUMERICS = ("test_linears", "test_mlp", "test_attention", "test_block")
 BOTH_OVERLAPS = ("test_forward_communication_hidden", "test_backward_communication_hidden")
@@ -44,9 +44,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def outcomes():
-    return {folder: grade_in_process(folder, "tp_overlap") for folder in CASES}
+outcomes = outcomes_fixture("tp_overlap", CASES)
 
 
 @pytest.mark.parametrize("folder", sorted(CASES))

@@ -52,14 +52,13 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from workbook.measure.bench_cli import UsageError  # bad options: exit status 2, one line
+from workbook.measure.bench_cli import UsageError, listed, measure_and_save, run_as_command
 
 LINKS = ("dgx-h100", "dgx-h100-ib")
 SPLITS = ("contiguous", "zigzag")
@@ -488,27 +487,15 @@ def figure(result: dict):
 
 
 def run_bench(args) -> dict:
-    from workbook.measure.output import save_outputs
-    splits = [x.strip() for x in args.splits.split(",") if x.strip()]
-    try:
-        result = measure(impl=args.impl, nproc=args.nproc, links=args.links, seqs=args.seqs,
-                         splits=splits, repeats=args.repeats, warmup=args.warmup,
-                         trace_dir=args.trace_dir, **{k: getattr(args, k) for k in DEFAULTS})
-    except UsageError as exc:
-        print(exc, file=sys.stderr)
-        raise
-    print(report(result))
-    save_outputs(result, args.json, args.figure, figure)
-    return result
+    return measure_and_save(args, measure, report, figure, links=args.links, seqs=args.seqs,
+                            splits=listed(args.splits), repeats=args.repeats, warmup=args.warmup,
+                            **{k: getattr(args, k) for k in DEFAULTS})
 
 
 def main(argv=None) -> None:
-    import argparse
-    parser = argparse.ArgumentParser(prog="python -m workbook.context_parallel.cp_ring_bench",
-                                     description="ring attention's K/V exchange hidden behind each "
-                                                 "ring step's attention, contiguous vs zig-zag")
-    add_arguments(parser)
-    run_bench(parser.parse_args(argv))
+    run_as_command(add_arguments, run_bench, "ring attention's K/V exchange hidden behind each "
+                   "ring step's attention, contiguous vs zig-zag", argv,
+                   prog="python -m workbook.context_parallel.cp_ring_bench")
 
 
 if __name__ == "__main__":

@@ -356,11 +356,7 @@ def figure(result: dict):
 
 
 def run_bench(args) -> dict:
-    from workbook.measure.output import save_outputs
-    variants = [x.strip() for x in args.variants.split(",") if x.strip()]
-    result = measure(impl=args.impl, nproc=args.nproc, links=args.links, variants=variants,
-                     steps=args.steps, warmup=args.warmup, trace_dir=args.trace_dir,
-                     **{k: getattr(args, k) for k in (*DEFAULTS, *EXTRA)})
-    print(report(result))
-    save_outputs(result, args.json, args.figure, figure)
-    return result
+    from workbook.measure.bench_cli import listed, measure_and_save
+    return measure_and_save(args, measure, report, figure, links=args.links,
+                            variants=listed(args.variants), steps=args.steps, warmup=args.warmup,
+                            **{k: getattr(args, k) for k in (*DEFAULTS, *EXTRA)})

@@ -9,6 +9,7 @@ was expected and what was found::
     got 3.0 (float32, 7 elements)
 
 * ``assert_equal_on_rank``: a tensor against its reference (exact by default);
+* ``how_far``: how a tensor differs from its reference, in words (``"off by up to 0.02"``);
 * ``assert_calls``: the communication pattern, from ``RECORDER.counts()``;
 * ``count_rounds``: how many communication rounds a run took, from every rank's calls;
 * ``P2P``: the point-to-point calls, the only ones a "build it yourself" lab may make.
@@ -65,6 +66,14 @@ def assert_equal_on_rank(got, expected, *, rank: int, what: str, atol: float = 0
     raise AssertionError(f"{prefix} differs from {against} at index {i}: expected "
                          f"{_fmt(e[i].item())}, got {_fmt(g[i].item())} ({dtype}, "
                          f"{e.numel()} element{'s' if e.numel() != 1 else ''}{more})")
+
+
+def how_far(got, expected, **tol) -> str | None:
+    """None when ``got`` is close to ``expected`` (``torch.allclose`` with ``tol``), else how it
+    differs, in words for a message: ``"missing"`` (None) or ``"off by up to 0.0123"``."""
+    if got is not None and torch.allclose(got, expected, **tol):
+        return None
+    return "missing" if got is None else f"off by up to {(got - expected).abs().max().item():.3g}"
 
 
 def _total(counts: Mapping, names) -> int:

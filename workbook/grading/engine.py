@@ -119,6 +119,13 @@ def graded_size(n: int, *sizes: int) -> int:
     return n if n in kept else max(kept)
 
 
+def simulated_link(n: int, preset: str = "dgx-h100") -> str:
+    """The link a traced run on ``n`` ranks uses: ``preset`` where the ranks talk over gloo,
+    ``"none"`` on NCCL (no simulated link there: the trace is the GPU's own)."""
+    from workbook.runtime.ranks import choose_backend
+    return preset if choose_backend(None, n) == "gloo" else "none"
+
+
 def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=None,
              nnodes: int = 1, **kwargs):
     """``fn(*args, **kwargs)`` on ``n`` ranks; the per-rank results, indexed by rank.

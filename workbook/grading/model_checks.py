@@ -1,10 +1,12 @@
-"""What the tp and sp graders share: inputs, the single-device reference, and the comparisons.
+"""What the tp, sp and tp_overlap graders share: inputs, the cases run on ranks, the single-device
+reference, and the comparisons (with the pattern of a traced block and the divisibility errors).
 
-Both graders run every part of a lab (linears, MLP, attention, block, model) on 1-4 ranks for
-several configs, bring each rank's outputs and gradient pieces back, and compare each piece with
-the matching piece of the single-device reference (``workbook.model``): a *layout* says which
-piece a rank holds -- ``None`` (the whole tensor), ``"seq"`` (its positions, dim 1) or
-``"last"`` (its slice of the last dim); parameters are cut by their shard spec.
+Each grader runs every part of a lab (linears, MLP, attention, block, model) on 1-4 ranks for
+several configs (a case each: ``run_case``), brings each rank's outputs and gradient pieces back,
+and compares each piece with the matching piece of the single-device reference
+(``workbook.model``): a *layout* says which piece a rank holds -- ``None`` (the whole tensor),
+``"seq"`` (its positions, dim 1) or ``"last"`` (its slice of the last dim); parameters are cut by
+their shard spec.
 
 Tolerances: fp64 rtol 1e-9 / atol 1e-12 (sums in another order differ by a few ulps); fp32
 rtol 1e-4 / atol 1e-6.
@@ -54,6 +56,17 @@ def ints(lab: str, shape, *seed) -> torch.Tensor:
     return torch.randint(-20, 21, shape, generator=g).double()
 
 
+def sequence_parallel_linears(cfg, column: str, row: str) -> list:
+    """The parallel linears a sequence-parallel lab is graded on (sp, tp_overlap), ``column``
+    and ``row`` naming the lab's two kinds: ``(label, reference name, in, out, kind, input
+    layout, output layout)``."""
+    H, F = cfg.hidden, cfg.ffn_hidden
+    up, down = ("fc1", "fc2") if cfg.style == "gpt" else ("w_up", "w_down")
+    return [(column, f"blocks.1.mlp.{up}", H, F, "column", "seq", "last"),
+            (row, f"blocks.1.mlp.{down}", F, H, "row", "last", "seq"),
+            (row, "blocks.0.attn.wo", H, H, "row", "last", "seq")]
+
+
 def cut(t: torch.Tensor, layout, rank: int, n: int) -> torch.Tensor:
     """Rank ``rank``'s piece of ``t`` under ``layout`` (None, ``"seq"`` or ``"last"``)."""
     if layout is None:
@@ -87,6 +100,25 @@ def grads(module) -> dict:
     return grads_by_name(module)
 
 
+def run_case(lab: str, tag: str, cfg, rank: int, n: int, dev, *, seed: str, module, forward,
+             label: str, features=None, layouts=(None, None), sync=None, **extra) -> dict:
+    """One case of a part on one rank: the reference's input and output gradient (drawn for
+    ``lab``, ``tag`` and ``seed``; ``features``: their last dims, by default the hidden size)
+    cut to this rank's pieces by ``layouts`` (input, output), ``y = forward(x)``,
+    ``y.backward(dy)``, then ``sync(module)`` when given (the gradient sync of sequence-parallel
+    parameters). What ``check_part`` reads: ``{"label", "out", "grad_in", "grads", "in",
+    "out_layout"}`` and ``extra``."""
+    (fin, fout), (lin, lout) = features or (cfg.hidden, cfg.hidden), layouts
+    S, dt = cfg.seq_len, cfg.torch_dtype
+    x = cut(randn(lab, (B, S, fin), dt, tag, seed, "x"), lin, rank, n).to(dev).requires_grad_()
+    y = forward(x)
+    y.backward(cut(randn(lab, (B, S, fout), dt, tag, seed, "dy"), lout, rank, n).to(dev))
+    if sync is not None:
+        sync(module)
+    return {"label": label, **extra, "out": y.detach(), "grad_in": x.grad, "grads": grads(module),
+            "in": lin, "out_layout": lout}
+
+
 def build_error(build) -> dict | None:
     """None if ``build()`` succeeds, else what it raised (for the divisibility tests)."""
     try:
@@ -96,6 +128,14 @@ def build_error(build) -> dict | None:
         return {"not_implemented": str(exc)}
     except Exception as exc:                   # noqa: BLE001 - graded by the divisibility test
         return {"type": type(exc).__name__, "message": str(exc)}
+
+
+def build_errors(good, bad: dict, config: str) -> dict:
+    """For the divisibility test: what ``good()`` (a build with shapes that split) raised, and
+    what each build of ``bad`` (``{class name: build}``, shapes that do not split, named by
+    ``config``) raised; ``build_error`` for each."""
+    return {"config": config, "good": build_error(good),
+            "bad": {name: build_error(build) for name, build in bad.items()}}
 
 
 def run_every_part(lab, run_ops, parts: dict, skip=lambda part, tag: False) -> dict:
@@ -180,6 +220,51 @@ def raise_if_failed(entry, rank: int, n: int, what: str) -> None:
                              f"{entry['traceback']}")
 
 
+def traced_block_phases(lab: str, n: int, trace_dir, block_class: str, layout=None,
+                        variant: str | None = None, *, timeout: float):
+    """One block of the lab traced on ``n`` ranks (``run_traced_block``, over the simulated link;
+    none on NCCL): ``(rank, its result, phase, the phase's collectives from the trace, where)``
+    for every rank, forward then backward, after failing on a rank that raised."""
+    from workbook.grading.engine import on_ranks, simulated_link
+    label = block_class + (f" [{variant}]" if variant else "")
+    res = on_ranks(n, run_traced_block, lab, str(trace_dir), block_class, layout, variant,
+                   link=simulated_link(n), timeout=timeout, key=f"trace:{trace_dir}")
+    for rank, r in enumerate(res):
+        raise_if_failed(r, rank, n, f"the traced {label}")
+        for phase in ("forward", "backward"):
+            yield rank, r, phase, r["trace"][phase], \
+                f"{label} {phase} on {ranks_label(n)} (from the trace)"
+
+
+def check_divisibility(results, sizes, *, model: str, names: str, why: str, fix: str) -> None:
+    """On each world size of ``sizes``, every rank's ``results(n)[rank]["divisibility"]``
+    (``build_errors``): ``model`` built with shapes that split, and each build with shapes that do
+    not raised a one-line ValueError naming ``names``. ``why``: what does not divide by tp, in the
+    message (``{config}``: the shapes); ``fix``: how to raise the error; both may hold ``{n}``."""
+    from workbook.grading.engine import world_sizes
+    for n in world_sizes(*sizes):
+        for rank, res in enumerate(results(n)):
+            info = res["divisibility"]
+            good, named = info["good"], names.format(n=n)
+            if good and "not_implemented" in good:
+                raise NotImplementedError(good["not_implemented"])
+            if good:
+                raise AssertionError(f"rank {rank}: {model} with shapes that split over tp={n} "
+                                     f"raised {good['type']}: {good['message']}")
+            for what, err in info["bad"].items():
+                if err and "not_implemented" in err:
+                    raise NotImplementedError(err["not_implemented"])
+                where = f"rank {rank}: {what}({info['config']}) on {ranks_label(n)}"
+                if err is None:
+                    raise AssertionError(f"{where} was built, but "
+                                         f"{why.format(config=info['config'], n=n)} by tp={n}: "
+                                         f"raise a ValueError ({fix.format(n=n)})")
+                if err["type"] != "ValueError" or "\n" in err["message"] or \
+                        named not in err["message"]:
+                    raise AssertionError(f"{where} raised {err['type']}: {err['message']!r}; "
+                                         f"expected a one-line ValueError that names {named}")
+
+
 def compare(got, expected, *, rank: int, what: str, rtol: float, atol: float) -> None:
     assert_equal_on_rank(got, expected, rank=rank, what=what, rtol=rtol, atol=atol,
                          against="the reference")
@@ -252,11 +337,15 @@ def check_grads(got: dict, expected: dict, *, rank: int, n: int, where: str, tol
                 what=f"{where}: gradient of {name} ({how})", **tol)
 
 
-def check_part(lab: str, part: str, results: dict, linears, synced: bool = False) -> None:
-    """Every case of ``part`` on every rank against the reference. ``results``: ``{n: [one
-    result dict per rank]}``; a case is ``{"label", "out", "grads"}`` plus, except for the
-    model, ``"grad_in"`` and the layouts ``"in"`` and ``"out_layout"`` of input and output."""
-    for n, per_rank in results.items():
+def check_part(lab: str, part: str, results, linears, synced: bool = False,
+               sizes=(1, 2, 3, 4)) -> None:
+    """Every case of ``part`` on every rank, on each world size of ``sizes``, against the
+    reference. ``results(n)``: one result dict per rank on n ranks; a case is ``{"label", "out",
+    "grads"}`` plus, except for the model, ``"grad_in"`` and the layouts ``"in"`` and
+    ``"out_layout"`` of input and output."""
+    from workbook.grading.engine import world_sizes
+    for n in world_sizes(*sizes):
+        per_rank = results(n)
         for tag, cfg in configs(n):
             tol = tolerance(cfg)
             for rank, res in enumerate(per_rank):

@@ -8,9 +8,17 @@ how much communication compute hid.
 * ``ranks_hidden_pct(res, phase)``: the share of the job's communication in a phase (all ranks
   together) hidden behind compute, rank skew excused;
 * ``overlap_figures(trace, within)``: one rank's figures in the form ``ranks_hidden_pct`` reads,
-  from any trace: the simulated link's spans on CPU ranks, NCCL and compute kernels on a GPU.
+  from any trace: the simulated link's spans on CPU ranks, NCCL and compute kernels on a GPU;
+* ``measure_overlap(run, tmp_root, ...)``: one overlap run on 2 ranks under the timing policy;
+* ``OverlapCheck``: one lab's overlap check, measured and judged the way every overlap grader
+  judges (a rank that failed, then the structure, then the hidden share of each phase).
+
+The rank side that makes the figures is ``workbook.grading.overlap_run``.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 
@@ -101,3 +109,60 @@ def overlap_figures(trace, within: str | None = None) -> dict:
     return {"pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,
             "exposed_ms": (o.exposed_comm_us - o.skew_us) / 1e3, "skew_ms": o.skew_us / 1e3,
             "count": sum(c["count"] for c in o.collectives.values())}
+
+
+def measure_overlap(run, tmp_root, *args, limits: dict, structure, link: str,
+                    timeout: float) -> list[dict]:
+    """``run(trace_dir, *args)`` on 2 ranks over the simulated ``link``, measured again after a
+    near miss (``measure_hidden`` with ``limits`` and ``structure(r)``); each attempt in a folder
+    of its own under ``tmp_root``, and replayed to every test that reads the same run."""
+    from workbook.grading.engine import on_ranks, world_sizes
+    n, = world_sizes(2)
+    name = "-".join(("overlap", *map(str, args)))
+    return measure_hidden(
+        lambda k: on_ranks(n, run, str(tmp_root / f"{name}{k}"), *args, link=link,
+                           timeout=timeout, key=(name, str(tmp_root), k)),
+        limits, structure)
+
+
+@dataclass(frozen=True)
+class OverlapCheck:
+    """One lab's overlap check. ``run(trace_dir, *args)``: the rank side (every rank's result
+    holds ``rank``, ``link`` and, per phase of ``limits``, the figures ``assert_phase_hidden``
+    reads); ``limits``: ``{phase: at least % hidden}``; ``structure(r, phases)``: the first
+    structural mistake of rank result ``r`` in ``phases``, or None; ``where``: the run in
+    messages (may hold ``{link}``); ``what``: the communication graded (may hold ``{phase}``);
+    ``advice``: ``{phase: what to change}``; ``failed``: the run, when a rank raised."""
+    run: Callable
+    limits: dict
+    structure: Callable
+    where: str
+    what: str
+    advice: dict
+    link: str = "dgx-h100"
+    timeout: float = 120.0
+    failed: str = "the overlap run"
+    args: tuple = ()
+
+    def results(self, tmp_root) -> list[dict]:
+        """Every rank's results of the run (measured again after a near miss, once per module:
+        the tests of each phase read the same run)."""
+        phases = tuple(self.limits)
+        return measure_overlap(self.run, tmp_root, *self.args, limits=self.limits,
+                               structure=lambda r: self.structure(r, phases), link=self.link,
+                               timeout=self.timeout)
+
+    def check(self, tmp_root, phases=None) -> None:
+        """Judge ``phases`` (default: every phase of ``limits``): fail on a rank that raised, then
+        on a structural mistake, then on too little of the link time hidden."""
+        from workbook.grading.model_checks import raise_if_failed
+        res = self.results(tmp_root)
+        phases = tuple(phases or self.limits)
+        for r in res:
+            raise_if_failed(r, r["rank"], len(res), self.failed)
+            problem = self.structure(r, phases)
+            if problem:
+                raise AssertionError(problem)
+        for phase in phases:
+            assert_phase_hidden(res, phase, self.limits[phase], where=self.where,
+                                what=self.what.format(phase=phase), advice=self.advice[phase])

@@ -79,13 +79,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from workbook.measure.bench_cli import UsageError  # bad options: exit status 2, one line
+from workbook.measure.bench_cli import UsageError, listed, measure_and_save
 
 VARIANTS = ("gpipe", "1f1b", "1f1b_overlap", "no_comm")
 SCHEDULE_OF = {"gpipe": ("gpipe", "blocking"), "1f1b": ("1f1b", "blocking"),
@@ -480,15 +479,6 @@ def figure(result: dict):
 
 
 def run_bench(args) -> dict:
-    from workbook.measure.output import save_outputs
-    variants = [x.strip() for x in args.variants.split(",") if x.strip()]
-    try:
-        result = measure(impl=args.impl, nproc=args.nproc, links=args.links, variants=variants,
-                         repeats=args.repeats, warmup=args.warmup, trace_dir=args.trace_dir,
-                         **{k: getattr(args, k) for k in DEFAULTS})
-    except UsageError as exc:
-        print(exc, file=sys.stderr)
-        raise
-    print(report(result))
-    save_outputs(result, args.json, args.figure, figure)
-    return result
+    return measure_and_save(args, measure, report, figure, links=args.links,
+                            variants=listed(args.variants), repeats=args.repeats,
+                            warmup=args.warmup, **{k: getattr(args, k) for k in DEFAULTS})

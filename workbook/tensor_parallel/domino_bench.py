@@ -367,10 +367,8 @@ def run_bench(args) -> dict:
 
 
 def main(argv=None) -> None:
-    import argparse
-    parser = argparse.ArgumentParser(description="Domino vs vanilla TP vs no communication")
-    add_arguments(parser)
-    run_bench(parser.parse_args(argv))
+    from workbook.measure.bench_cli import run_as_command
+    run_as_command(add_arguments, run_bench, "Domino vs vanilla TP vs no communication", argv)
 
 
 if __name__ == "__main__":

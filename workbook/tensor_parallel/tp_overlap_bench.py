@@ -294,21 +294,16 @@ def figure(result: dict):
 
 
 def run_bench(args) -> dict:
-    from workbook.measure.output import save_outputs
-    variants = [x.strip() for x in args.variants.split(",") if x.strip()]
-    result = measure(impl=args.impl, nproc=args.nproc, link=args.link, variants=variants,
-                     steps=args.steps, warmup=args.warmup, trace_dir=args.trace_dir,
-                     **{k: getattr(args, k) for k in (*DEFAULTS, *EXTRA)})
-    print(report(result))
-    save_outputs(result, args.json, getattr(args, "figure", None), figure)
-    return result
+    from workbook.measure.bench_cli import listed, measure_and_save
+    return measure_and_save(args, measure, report, figure, link=args.link,
+                            variants=listed(args.variants), steps=args.steps, warmup=args.warmup,
+                            **{k: getattr(args, k) for k in (*DEFAULTS, *EXTRA)})
 
 
 def main(argv=None) -> None:
-    import argparse
-    parser = argparse.ArgumentParser(description="sequence-parallel TP overlap vs plain SP and Domino")
-    add_arguments(parser)
-    run_bench(parser.parse_args(argv))
+    from workbook.measure.bench_cli import run_as_command
+    run_as_command(add_arguments, run_bench, "sequence-parallel TP overlap vs plain SP and Domino",
+                   argv)
 
 
 if __name__ == "__main__":
