@@ -41,10 +41,7 @@ def _guard(fn):
     def handler(args) -> int:
         try:
             return fn(args)
-        except TraceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except OSError as exc:
+        except (TraceError, OSError) as exc:      # a bad or missing trace: one line, exit 2
             print(f"error: {exc}", file=sys.stderr)
             return 2
     handler.__name__ = fn.__name__
