@@ -288,14 +288,16 @@ def traced_ops_measured(trace_dir):
     finally:
         link.measure_real_ops(False)
     t = trace.load_trace(f"{trace_dir}/rank{rank}.trace.json")
-    return trace.collectives(t)
+    held = [r.link_ns for r in link.op_log() if r.op != "barrier"]
+    return trace.collectives(t), held
 
 
 def test_ops_without_a_link_are_traced_as_they_ran(tmp_path):
     """On GPU ranks over gloo no link is simulated, yet the trace must still say which ops ran
     with how many bytes: a reduce-scatter is not the all-reduce gloo runs it on (first GPU run)."""
-    for rank, got in enumerate(launch.run(traced_ops_measured, 2, str(tmp_path), backend="gloo",
-                                          pool=True)):
+    for rank, (got, held) in enumerate(launch.run(traced_ops_measured, 2, str(tmp_path),
+                                                  backend="gloo", pool=True)):
+        assert len(held) == 5 and all(ns > 0 for ns in held), f"rank {rank}: {held}"
         assert got == {"all_gather": {"count": 1, "bytes": 48},
                        "reduce_scatter": {"count": 1, "bytes": 48},
                        "all_reduce": {"count": 1, "bytes": 24},

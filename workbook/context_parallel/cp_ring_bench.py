@@ -146,7 +146,7 @@ def pass_figures(layout, rank: int, times, calls, ops, t=None) -> dict:
                 steps.append((chunk[-1][1] - chunk[0][0]) / 1e6 if chunk else 0.0)
         ours = sorted((r for r in ops if a <= r.issued_ns < b), key=lambda r: r.seq)
         sends, recvs = ([r for r in ours if r.op == op] for op in ("send", "recv"))
-        hops = [max(s.modelled_ns, r.modelled_ns) / 1e6 for s, r in zip(sends, recvs)]
+        hops = [max(s.link_ns, r.link_ns) / 1e6 for s, r in zip(sends, recvs)]
         last = [(r.start_ns, r.end_ns) for r in (sends[-1:] + recvs[-1:])]
         row = {"wall_ms": (b - a) / 1e6, "compute_ms": sum(e - s for s, e in mine) / 1e6,
                "step_compute_ms": steps, "hops": len(hops), "link_ms": sum(hops),

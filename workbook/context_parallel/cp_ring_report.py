@@ -94,7 +94,7 @@ def run(trace_dir=None, impl=None) -> dict:
         before = len(link.op_log())
         with rank_trace(root / split, lab="cp_ring"):
             row["step_ms"] = min(warm_ms, step(layout, True))     # the less disturbed of the two
-        row["link_ms"] = sum(r.modelled_ns for r in link.op_log()[before:] if r.op != "barrier") / 1e6
+        row["link_ms"] = sum(r.link_ns for r in link.op_log()[before:] if r.op != "barrier") / 1e6
         t = trace.load_trace(root / split / f"rank{rank}.trace.json")
         for phase in ("forward", "backward"):
             o = trace.overlap(t, within=phase)

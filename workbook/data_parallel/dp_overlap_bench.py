@@ -178,7 +178,7 @@ def step_figures(t, ops, elapsed_ms: float) -> dict:
     o = {ph: trace.overlap(t, within=ph) for ph in ("forward", "backward")}
     whole, busy = trace.overlap(t), {ph: intervals.measure(intervals.intersect(
         all_compute(t), phase_ranges(t, ph)[0])) / 1e3 for ph in ("forward", "backward")}
-    return {"step_ms": elapsed_ms, "link_ms": sum(r.modelled_ns for r in ops) / 1e6,
+    return {"step_ms": elapsed_ms, "link_ms": sum(r.link_ns for r in ops) / 1e6,
             "exposed_ms": whole.exposed_comm_us / 1e3, "skew_ms": whole.skew_us / 1e3,
             "fwd_hidden_pct": o["forward"].overlap_pct, "bwd_hidden_pct": o["backward"].overlap_pct,
             "hidden_pct": whole.overlap_pct, "fwd_compute_ms": busy["forward"],

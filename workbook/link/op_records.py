@@ -59,6 +59,15 @@ class OpRecord:
     gemms_at_wait: int | None = None    # it first waited (program_order.CountGemms; else None)
     measured: bool = False   # no link modelled (GPU ranks on gloo): start..end is the real op
 
+    @property
+    def link_ns(self) -> int:
+        """How long the op held the link: its modelled time on the simulated link; on GPU ranks
+        (``measured``), the real op from issue to completion (0 while it has not completed)."""
+        if not self.measured:
+            return self.modelled_ns
+        end = self.end_ns or self.arrival_ns
+        return max(0, end - self.start_ns) if end else 0
+
 
 class _LinkState:
     """Per-process state of the link: the calibrated model, the queue, and the log of ops."""

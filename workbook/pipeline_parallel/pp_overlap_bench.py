@@ -34,7 +34,7 @@ the cost of a copy: the compute-only step). A warm-up step per variant without l
 one row over the ranks (``combine``):
 
 * ``step_ms`` the slowest stage's wall time of a step; ``link_ms`` the modelled p2p time of the
-  busiest stage (sum of its sends' and receives' ``modelled_ns`` from ``link.op_log()``);
+  busiest stage (sum of its sends' and receives' ``link_ns`` from ``link.op_log()``);
 * ``comm_ms`` / ``steady_comm_ms`` the link time on the stage's trace (the union of its link
   spans: a send and a receive travelling at once, on the full-duplex link, count once), over
   the step / issued in the steady state;
@@ -228,7 +228,7 @@ def step_figures(t, ops, elapsed_ms: float, actions, comm: bool = True) -> dict:
     compute_ms = intervals.measure(comp) / 1e3
     if not comm:
         whole = steady = None
-    return {"step_ms": elapsed_ms, "link_ms": sum(r.modelled_ns for r in p2p) / 1e6,
+    return {"step_ms": elapsed_ms, "link_ms": sum(r.link_ns for r in p2p) / 1e6,
             "exposed_ms": (whole.exposed_comm_us - whole.skew_us) / 1e3 if whole else None,
             "skew_ms": whole.skew_us / 1e3 if whole else None,
             "comm_ms": whole.comm_us / 1e3 if whole else None,

@@ -139,7 +139,7 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
             elapsed, ops, t = profiled_step(lambda: step(variant, k),
                                             Path(trace_root) / variant / f"step{k}", rank, "domino")
             figures = _gpu_figures(elapsed, t) if gpu else {
-                "step_ms": elapsed, "comm_ms": sum(o.modelled_ns for o in ops) / 1e6,
+                "step_ms": elapsed, "comm_ms": sum(o.link_ns for o in ops) / 1e6,
                 "gloo_arrival_ms": sum(max(0, o.arrival_ns - o.issued_ns) for o in ops) / 1e6,
                 "beyond_modelled_ms": sum(max(0, o.arrival_ns - o.end_ns) for o in ops) / 1e6,
                 **overlap_fields(t, ops)}
