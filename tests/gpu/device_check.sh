@@ -12,7 +12,9 @@
 #
 # Logs: env.txt (GPU, driver, torch, NCCL), doctor.txt, gpu_suite.txt (pytest tests/gpu -rs -s),
 # bench_all_reduce.txt, bench_domino.txt, and summary.txt (each step's exit code and seconds).
-# BUDGET=S caps the whole run (default 3000 s); GRADING_LIMIT=S the grading of every lab.
+# BUDGET=S caps the whole run (default 3000 s); GRADING_LIMIT=S the grading of every lab;
+# LABS="tp_overlap cp_ring" grades only those labs (one after another: gradings run side by side
+# load the machine, and the simulated link's calibration then fails correct answers; docs/gpu.md).
 set -u
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 LOG="${1:-${OUT:-$ROOT/runs/gpu-check}}"
@@ -46,5 +48,9 @@ step doctor 90 "$PY" -m workbook.cli doctor
 step gpu_backend 180 "$PY" -m pytest -p no:cacheprovider tests/gpu/test_backend.py tests/gpu/test_overlap_kernels.py -rs -s -q
 step bench_all_reduce 100 "$PY" -m workbook.cli bench all_reduce --nproc 2 --sizes 1M..1G --backend cuda --no-progress
 step bench_domino 120 "$PY" -m workbook.cli bench domino --backend cuda --nproc 2
-step gpu_grading "${GRADING_LIMIT:-1800}" "$PY" -m pytest -p no:cacheprovider tests/gpu/test_grading.py -rs -s -q
+GRADED=(tests/gpu/test_grading.py)
+if [ -n "${LABS:-}" ]; then
+    GRADED=(); for lab in $LABS; do GRADED+=("tests/gpu/test_grading.py::test_solutions_score_full_marks_on_the_gpus[$lab]"); done
+fi
+step gpu_grading "${GRADING_LIMIT:-1800}" "$PY" -m pytest -p no:cacheprovider "${GRADED[@]}" -rs -s -q
 cat "$LOG/summary.txt"
