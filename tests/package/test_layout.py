@@ -168,3 +168,15 @@ def test_a_family_re_exports_only_names_its_modules_define(family):
             importlib.import_module(f"workbook.{family}.{module}"), name), name
     with pytest.raises(AttributeError, match="has no attribute 'no_such_piece'"):
         package.no_such_piece
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["assign", "--check"], ["grade", "--help"],
+                                  ["site", "--help"], ["autograder", "build", "--help"]])
+def test_a_light_command_imports_no_torch_and_no_pytest(argv):
+    """Parsing the command line and the commands that read files pay for neither torch nor
+    pytest (seconds on a laptop); `workbook trace` has its own test in test_trace_io.py."""
+    code = ("import sys\nfrom workbook.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n"
+            "    pass\nprint(sorted(m for m in ('torch', 'pytest') if m in sys.modules))" % argv)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:] + out.stderr[-2000:]

@@ -14,8 +14,6 @@ from importlib import metadata
 from pathlib import Path
 
 from workbook.grading.labs import LABS, repo_root
-from workbook.grading.limits import lab_of
-from workbook.grading.plugin import VISIBILITIES
 
 DEFAULT_TEST_TIMEOUT_S = 120.0   # one test; a run on ranks inside it also keeps its own timeout
 DEFAULT_TIME_BUDGET_S = 540.0    # the whole run: 9 minutes, inside Gradescope's default 10
@@ -177,7 +175,7 @@ def _extra_test_files(folder, labs: list[str], course: dict) -> dict:
             raise ValueError(f"--extra-tests: {path} has the same name as another test file in "
                              f"the zip; rename it (e.g. {path.stem}_hidden.py)")
         seen.add(path.name)
-        lab = lab_of(path)
+        lab = _lab_of(path)
         if lab is not None and lab not in labs:
             raise ValueError(f"--extra-tests: {path.name} is named after lab {lab!r}, which this "
                              f"autograder does not grade: add --lab {lab}")
@@ -186,9 +184,15 @@ def _extra_test_files(folder, labs: list[str], course: dict) -> dict:
     return out
 
 
+def _lab_of(path: Path) -> str | None:
+    from workbook.grading.limits import lab_of     # the grader's own rule (it imports pytest)
+    return lab_of(path)
+
+
 def _check_marks(path: Path) -> bool:
     """True when ``path`` has a ``points`` mark; a visibility Gradescope does not know, or a
     syntax error, is an error naming the line."""
+    from workbook.grading.plugin import VISIBILITIES   # pytest, only when a zip is built
     try:
         tree = ast.parse(path.read_text(), filename=str(path))
     except SyntaxError as exc:
