@@ -20,7 +20,6 @@ send and recv 1; barrier 0 (latency only).
 
 Calibration
 -----------
------------
 A CPU computes about 10^4 times slower than an H100. To keep the *ratio* of communication to
 compute that the real machine has, a preset's bandwidth is scaled by the ratio of the local
 matmul rate to the hardware's peak, and its latency by the inverse::
@@ -28,9 +27,8 @@ matmul rate to the hardware's peak, and its latency by the inverse::
     bandwidth_sim = bandwidth_hw * (flops_local / flops_hw)
     latency_sim   = latency_hw   * (flops_hw / flops_local)
 
-so a CPU run is the real machine in slow motion (the network is scaled the same way). Every figure measured on this link is a
-*simulated* figure and is labelled so (``Link.label``).
-
+so a CPU run is the real machine in slow motion (the network is scaled the same way). Every
+figure measured on this link is a *simulated* figure and is labelled so (``Link.label``).
 
 The queue that turns these durations into a timeline is ``workbook.link.op_records``; the process
 group that charges them to every op is ``workbook.link.gloo_backend``.

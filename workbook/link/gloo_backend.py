@@ -1,6 +1,7 @@
 """The process group behind the simulated link: gloo, with every op charged to the link.
 
-process group wraps ``ProcessGroupGloo`` and returns works that add the modelled wait.
+``dist.Backend.register_backend`` installs a backend named ``gloo_link`` whose process group
+wraps ``ProcessGroupGloo`` and returns works that add the modelled wait (``LinkWork``).
 Learners keep writing plain ``dist.all_reduce(t, async_op=True)``.
 
 On GPU ranks that gloo serves (``gloo-cuda``: more ranks than NCCL can place) the same group is

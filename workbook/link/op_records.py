@@ -30,6 +30,8 @@ across nodes and a tensor-parallel one inside a node can run at the same time, a
 machine; an op that needs both fabrics holds both. A preset without a network
 (``dgx-h100-ib``) stays flat.
 
+On GPU ranks served by gloo nothing is modelled: each op is recorded as it really ran
+(``measure_real_ops``; ``OpRecord.link_ns`` is then the real op's time).
 """
 from __future__ import annotations
 
