@@ -58,8 +58,6 @@ class LinkWork(dist._Work):
             self._finish()
             if not self._record.arrival_ns:
                 self._record.arrival_ns = time.perf_counter_ns()
-            if self._record.measured:
-                self._record.end_ns = self._record.end_ns or self._record.arrival_ns
             delay = (self._record.end_ns - time.perf_counter_ns()) / 1e9
             if delay > 0:
                 time.sleep(delay)
@@ -202,51 +200,37 @@ class LinkedProcessGroup(dist.ProcessGroup):
     def _charge(self, op: str, inner, size_bytes: int, async_op: bool = True, then=None,
                 peer: int | None = None):
         link = STATE.link
-        if link is None:
-            return self._measured(op, inner, size_bytes, async_op, then) if STATE.measure \
-                else LinkWork(inner, None, then=then)
-        n = self.size()                  # the ranks taking part: the group, or a p2p's two
-        ranks = self._ranks if peer is None else [self._ranks[self.rank()], self._ranks[peer]]
-        rec = OpRecord(0, op, size_bytes, n, async_op, time.perf_counter_ns(),
-                       int(link.op_time(op, size_bytes, ranks) * 1e9), gemms_at_issue=gemms_run())
-        held = lanes(op, link.fabrics(op, ranks))
-        if op == "recv":                 # placed on the link when the data lands (_ArrivalWatch)
-            with STATE.lock:
-                STATE.seq += 1
-                rec.seq = STATE.seq
-                STATE.log.append(rec)
-            return LinkWork(_ArrivalWatch(inner, rec, held), rec, then=then)
-        if op == "send":                 # its real completion, watched (gloo gives no future)
-            inner = _ArrivalWatch(inner, rec)
-        try:                             # note the moment gloo finishes (on gloo's thread)
-            inner.get_future().then(lambda _f: _note_arrival(rec))
-        except Exception:                # a work without a future: arrival is taken at wait()
-            pass
-        with STATE.lock:                 # a lane carries one op at a time, in issue order
-            STATE.seq += 1
-            rec.seq = STATE.seq
-            rec.start_ns = max(rec.issued_ns, *(STATE.free_at_ns.get(lane, 0) for lane in held))
-            rec.end_ns = rec.start_ns + rec.modelled_ns
-            for lane in held:
-                STATE.free_at_ns[lane] = rec.end_ns
-            STATE.log.append(rec)
-        return LinkWork(inner, rec, then=then)
-
-    def _measured(self, op: str, inner, size_bytes: int, async_op: bool, then):
-        """No link: the op logged as it really ran, from issue to gloo's completion."""
+        if link is None and not STATE.measure:
+            return LinkWork(inner, None, then=then)
         now = time.perf_counter_ns()
-        rec = OpRecord(0, op, size_bytes, self.size(), async_op, now, 0, start_ns=now,
-                       gemms_at_issue=gemms_run(), measured=True)
-        if op in ("send", "recv"):       # gloo's p2p works have no future: a thread watches
-            inner = _ArrivalWatch(inner, rec)
+        if link is None:                 # GPU ranks on gloo: the op as it really runs, unmodelled
+            rec = OpRecord(0, op, size_bytes, self.size(), async_op, now, 0, start_ns=now,
+                           gemms_at_issue=gemms_run(), measured=True)
+            held = []
         else:
-            try:
+            n = self.size()              # the ranks taking part: the group, or a p2p's two
+            ranks = self._ranks if peer is None else [self._ranks[self.rank()], self._ranks[peer]]
+            rec = OpRecord(0, op, size_bytes, n, async_op, now,
+                           int(link.op_time(op, size_bytes, ranks) * 1e9),
+                           gemms_at_issue=gemms_run())
+            held = lanes(op, link.fabrics(op, ranks))
+        if op in ("send", "recv"):
+            # gloo's p2p works have no future: a thread watches each; a modelled receive is
+            # placed on its lanes when the data lands (_ArrivalWatch), not when it is posted
+            inner = _ArrivalWatch(inner, rec, held if op == "recv" else ())
+        else:
+            try:                         # note the moment gloo finishes (on gloo's thread)
                 inner.get_future().then(lambda _f: _note_arrival(rec))
             except Exception:            # a work without a future: arrival is taken at wait()
                 pass
-        with STATE.lock:
+        with STATE.lock:                 # a lane carries one op at a time, in issue order
             STATE.seq += 1
             rec.seq = STATE.seq
+            if not rec.measured and op != "recv":
+                rec.start_ns = max(rec.issued_ns, *(STATE.free_at_ns.get(lane, 0) for lane in held))
+                rec.end_ns = rec.start_ns + rec.modelled_ns
+                for lane in held:
+                    STATE.free_at_ns[lane] = rec.end_ns
             STATE.log.append(rec)
         return LinkWork(inner, rec, then=then)
 

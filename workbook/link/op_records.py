@@ -67,8 +67,7 @@ class OpRecord:
         (``measured``), the real op from issue to completion (0 while it has not completed)."""
         if not self.measured:
             return self.modelled_ns
-        end = self.end_ns or self.arrival_ns
-        return max(0, end - self.start_ns) if end else 0
+        return max(0, self.arrival_ns - self.start_ns) if self.arrival_ns else 0
 
 
 class _LinkState:

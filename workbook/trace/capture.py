@@ -105,24 +105,16 @@ def link_events(records, pid, offset_us: float, since_ns: int) -> list[dict]:
               {"ph": "M", "name": "thread_name", "pid": pid, "tid": LATE_TID,
                "args": {"name": LATE_TID}}]
     for r in records:
-        if r.measured:                 # no link modelled: the op as it really ran
-            end = r.end_ns or r.arrival_ns
-            if end >= since_ns and end:
-                events.append({"ph": "X", "cat": "link", "name": r.op, "pid": pid, "tid": "link",
-                               "ts": r.start_ns / 1000 + offset_us,
-                               "dur": (end - r.start_ns) / 1000,
-                               "args": {"bytes": r.size_bytes, "seq": r.seq, "measured": True,
-                                        "group_size": r.group_size, "async": r.async_op,
-                                        "issued_ts": r.issued_ns / 1000 + offset_us}})
+        end = r.arrival_ns if r.measured else r.end_ns     # measured: as it really ran
+        if end < since_ns or r.link_ns == 0:
             continue
-        if r.end_ns < since_ns or r.modelled_ns == 0:
-            continue
+        how = {"measured": True} if r.measured else {"modelled_us": r.modelled_ns / 1000}
         events.append({"ph": "X", "cat": "link", "name": r.op, "pid": pid, "tid": "link",
-                       "ts": r.start_ns / 1000 + offset_us, "dur": r.modelled_ns / 1000,
+                       "ts": r.start_ns / 1000 + offset_us, "dur": r.link_ns / 1000,
                        "args": {"bytes": r.size_bytes, "seq": r.seq, "group_size": r.group_size,
-                                "modelled_us": r.modelled_ns / 1000, "async": r.async_op,
+                                **how, "async": r.async_op,
                                 "issued_ts": r.issued_ns / 1000 + offset_us}})
-        if r.arrival_ns > r.end_ns:
+        if not r.measured and r.arrival_ns > r.end_ns:
             events.append({"ph": "X", "cat": "link_late", "name": f"{r.op}: peers late",
                            "pid": pid, "tid": LATE_TID, "ts": r.end_ns / 1000 + offset_us,
                            "dur": (r.arrival_ns - r.end_ns) / 1000, "args": {"seq": r.seq}})
