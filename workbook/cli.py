@@ -20,6 +20,7 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from workbook.grading.labs import LABS, impl_dir, repo_root   # stdlib only: no torch, no pytest
 
@@ -136,17 +137,24 @@ def cmd_grade(args) -> int:
 def cmd_assign(args) -> int:
     from workbook.instructor import assign
     root = repo_root()
-    if args.check:
-        drift = assign.check(root / "solutions", root / "labs")
-        for rel in drift:
-            print(f"labs/{rel} differs from what `workbook assign` makes from solutions/")
-        if drift:
-            print("regenerate with `workbook assign` (labs/ is never edited by hand here)")
-            return 1
-        print("labs/ matches solutions/")
-        return 0
-    changed = assign.generate(root / "solutions", root / "labs")
-    print("\n".join(f"wrote labs/{c}" for c in changed) or "labs/ already up to date")
+    labs = Path(args.out).resolve() if args.out else root / "labs"
+    if args.out and labs == root.resolve():
+        raise ValueError(f"-o {args.out} is the course itself: name a folder for the labs")
+    try:
+        if args.check:
+            drift = assign.check(root / "solutions", labs, args.level)
+            for rel in drift:
+                print(f"{labs.name}/{rel} differs from what `workbook assign` makes from solutions/")
+            if drift:
+                print("regenerate with `workbook assign` (labs/ is never edited by hand here)")
+                return 1
+            print(f"{labs.name}/ matches solutions/")
+            return 0
+        changed = assign.generate(root / "solutions", labs, args.level or assign.DEFAULT_LEVEL,
+                                  force=args.force)
+    except assign.AssignError as exc:
+        raise ValueError(str(exc)) from None
+    print("\n".join(f"wrote {labs.name}/{c}" for c in changed) or f"{labs.name}/ already up to date")
     return 0
 
 
@@ -233,8 +241,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("site_args", nargs=argparse.REMAINDER, help="build [-o DIR] [--executed DIR]")
     p.set_defaults(func=lambda a: _site_main(a.site_args))
 
-    p = sub.add_parser("assign", help="generate labs/ from solutions/")
+    p = sub.add_parser("assign", help="generate labs/ from solutions/, at a level",
+                       description="Write the labs from solutions/. --level picks how much of each "
+                                   "task is given: guided (the idea and a near-code TODO per "
+                                   "task), standard (the spec; hints on request with `workbook "
+                                   "hint`), challenge (whole components from their spec). A lab "
+                                   "you edited is never overwritten by a level switch without "
+                                   "--force.")
     p.add_argument("--check", action="store_true", help="fail if labs/ drifted from solutions/")
+    p.add_argument("--level", choices=("guided", "standard", "challenge"), default=None,
+                   help="guided, standard (the default) or challenge")
+    p.add_argument("--force", action="store_true",
+                   help="switch level even over lab files you edited (they are lost)")
+    p.add_argument("-o", "--out", default=None, metavar="DIR",
+                   help="write the labs into DIR instead of labs/")
     p.set_defaults(func=cmd_assign)
 
     for extra in ("workbook.trace.cli", "workbook.communication.bandwidth_bench", "workbook.instructor.autograder"):

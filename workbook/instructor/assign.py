@@ -1,203 +1,90 @@
 """Assignment generation: the learner's ``labs/`` is made from the reference ``solutions/``.
 
-In a solution file, the part a learner writes stands between two marker lines::
+A solution file marks the learner's part of each task as a block with three hint rungs, and
+whole components as challenge regions (the markup: ``workbook.grading.markup``). One solution
+makes the lab at three levels, which the instructor picks (``workbook assign --level``):
 
-        ### BEGIN SOLUTION hint: send to every rank but the root
-        for peer in range(world):
-            ...
-        ### END SOLUTION
+* ``guided``: each block becomes the idea (hint 1) and a near-code ``# TODO:`` (hint 3) above a
+  ``raise NotImplementedError("not implemented yet: <lab>.<function>")``;
+* ``standard`` (the default): each block becomes the ``raise`` alone; the docstrings are the spec,
+  and the hints come on request (``workbook hint LAB TASK``, read from ``labs/hints.json``);
+* ``challenge``: every function whose ``def`` lies in a challenge region loses its whole body
+  (given code included) to the ``raise``: the learner writes the component from its docstrings.
 
-``generate`` copies every solution file to ``labs/`` with each such block replaced by the hint
-(as a TODO comment) and a ``raise NotImplementedError("not implemented yet: <lab>.<function>")``
-at the block's indentation, which the grader turns into a one-line message. Labs are never
-edited by hand in this repository: ``check`` (``workbook assign --check``, run by CI) fails when
-``labs/`` differs from what the generator makes.
-
-Under the generated header, each lab starts with its task list: one numbered line per top-level
-function or class that holds a block (``Ring.__init__ and .step`` for a class's stubbed
-methods), its goal (the first sentence of its docstring, else the block's hint) and the points
-it carries. Points come from the lab's grading tests, ``tests/grading/test_<lab>.py``, read with
-``ast`` (nothing is imported, neither torch nor the tests)::
-
-    @pytest.mark.points(4)
-    @pytest.mark.tasks("ring_all_reduce")          # the lab functions/classes the test grades
-    def test_ring_all_reduce_pattern(): ...
-
-* A name is a function or class of the lab, or a method (``ColumnParallelLinear.forward``),
-  which counts for its class's line. A test's points (times its cases, for a literal
-  ``parametrize``) are split evenly among the lines it names; a line's points are the sum of
-  its shares, so the list adds up to the lab's total.
-* The arguments may be literals or module constants (``*NAMES`` for a tuple of names). Tests
-  made by a function of the test module (``test_a, test_b = _make("x", 2, 3)``) are read from
-  the decorators of the functions it returns, its parameters replaced by the call's literal
-  arguments.
-* Once a test module names tasks, every test with points must name at least one, and only
-  functions or classes that hold a block: anything else is an ``AssignError``. A line no test
-  names says "not graded on its own".
-* A lab whose test module has no ``tasks`` marker at all (or no test module) gets the list
-  without points.
+Under the generated header, each lab lists its tasks: one numbered line per top-level function
+or class that holds a block (at ``challenge``, one per region), its goal and its points. Points
+come from the lab's grading tests, read with ``ast`` (``workbook.grading.points``): a test's
+points are split evenly among the tasks it names (``@pytest.mark.tasks``), so the list adds up to
+the lab's total; a task no test names says "not graded on its own". The same tests grade every
+level. Labs are never edited by hand in this repository: ``check`` (``workbook assign --check``,
+run by CI) fails when ``labs/`` differs from what the generator makes.
 """
 from __future__ import annotations
 
 import ast
+import json
 import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION\s*(?P<hint>.*)$")
-END = re.compile(r"^\s*### END SOLUTION\s*$")
-DEF = re.compile(r"^(?P<indent>\s*)(?:async\s+)?(?:def|class)\s+(?P<name>\w+)")
-HEADER = ("# Generated from solutions/{name} by `workbook assign`: this is your file to edit.\n"
-          "# Replace each `raise NotImplementedError` with your code, then grade it with\n"
-          "#     workbook grade --lab {lab}\n")
+from workbook.grading.markup import BEGIN, AssignError, Block, Region, parse  # noqa: F401
+from workbook.grading.points import Graded, graded_tests  # noqa: F401 (the assign API)
+
+LEVELS = ("guided", "standard", "challenge")
+DEFAULT_LEVEL = "standard"
+HINTS_FILE = "hints.json"
+HEADER = ("# Generated from solutions/{name} by `workbook assign` (level: {level}): this is your "
+          "file to edit.\n"
+          "# Replace each `raise NotImplementedError` with your code; check it with `workbook run "
+          "{lab}`\n"
+          "# (or `workbook watch {lab}`). Stuck on task N? `workbook hint {lab} N`, one hint at a "
+          "time.\n")
+LEVEL_OF = re.compile(r"^# Generated from solutions/\S+ by `workbook assign` \(level: (\w+)\)")
 WIDTH = 99                                   # generated comment lines are wrapped to this width
+MIN_CHALLENGE_LINES = 20
 
 
-class AssignError(ValueError):
-    pass
+def level_of(lab_text: str) -> str | None:
+    """The level a generated lab was made at (None: not a generated lab, or an older one)."""
+    m = LEVEL_OF.match(lab_text)
+    return m[1] if m else None
 
 
-def _enclosing(lines: list[str], index: int, indent: int) -> str:
-    """The dotted name of the function/class that holds line ``index``."""
-    names, limit = [], indent
-    for line in reversed(lines[:index]):
-        m = DEF.match(line)
-        if m and len(m["indent"]) < limit:
-            names.append(m["name"])
-            limit = len(m["indent"])
-            if limit == 0:
-                break
-    return ".".join(reversed(names)) or "<module>"
-
-
-# --------------------------------------------------------------------------- the tests' marks
-@dataclass(frozen=True)
-class Graded:
-    """What a grading test is worth, and the lab functions/classes it names."""
-    points: float
-    tasks: tuple[str, ...]
-
-
-def _mark(node: ast.expr) -> str | None:
-    """The mark a decorator applies: ``"points"`` for ``pytest.mark.points(...)`` (or ``mark.points(...)``)."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        owner = node.func.value
-        if (isinstance(owner, ast.Attribute) and owner.attr == "mark") or \
-                (isinstance(owner, ast.Name) and owner.id == "mark"):
-            return node.func.attr
-    return None
-
-
-def _literal(node: ast.expr, env: dict[str, ast.expr], where: str):
-    """The value of ``node``: a literal, or a name bound to one (a module constant, or a parameter
-    of a test-making function)."""
-    if isinstance(node, ast.Name) and node.id in env:
-        node = env[node.id]
-    try:
-        return ast.literal_eval(node)
-    except ValueError:
-        raise AssignError(f"{where}: {ast.unparse(node)!r} is not a literal, so `workbook assign` "
-                          f"cannot read it without running the tests") from None
-
-
-def _cases(values: ast.expr, consts: dict[str, ast.expr], where: str) -> int:
-    """How many cases a ``parametrize`` makes of a literal list (or a module constant holding one)."""
-    if isinstance(values, ast.Name) and values.id in consts:
-        values = consts[values.id]
-    if isinstance(values, (ast.List, ast.Tuple, ast.Set)):
-        return len(values.elts)
-    raise AssignError(f"{where}: cannot count the cases of {ast.unparse(values)!r} without running "
-                      f"the tests; give parametrize a literal list")
-
-
-def _graded(fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict, consts: dict,
-            where: str) -> Graded | None:
-    points, tasks, cases = None, [], 1
-    env = {**consts, **env}
-    for dec in fn.decorator_list:
-        kind = _mark(dec)
-        if kind == "points":
-            points = float(_literal(dec.args[0], env, where)) if dec.args else 1.0
-        elif kind == "tasks":
-            for arg in dec.args:                     # "name", NAME or *NAMES (module constants)
-                names = _literal(arg.value, env, where) if isinstance(arg, ast.Starred) else \
-                    [_literal(arg, env, where)]
-                if not all(isinstance(name, str) for name in names):
-                    raise AssignError(f"{where}: tasks() takes names (strings), got {names!r}")
-                tasks.extend(names)
-        elif kind == "parametrize":
-            values = dec.args[1] if len(dec.args) > 1 else \
-                next((k.value for k in dec.keywords if k.arg == "argvalues"), None)
-            if values is not None:
-                cases *= _cases(values, consts, where)
-    return None if points is None else Graded(points * cases, tuple(dict.fromkeys(tasks)))
-
-
-def _bind(fn: ast.FunctionDef, call: ast.Call) -> dict[str, ast.expr]:
-    """The parameters of ``fn`` bound to the argument nodes of ``call`` (and to defaults)."""
-    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
-    env = dict(zip(params[len(params) - len(fn.args.defaults):], fn.args.defaults))
-    env.update((a.arg, d) for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is not None)
-    env.update(zip(params, call.args))
-    env.update((k.arg, k.value) for k in call.keywords if k.arg is not None)
-    return env
-
-
-def _made_by(fn: ast.FunctionDef) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
-    """The functions that ``fn`` defines and returns (``return a, b``), in order."""
-    inner = {n.name: n for n in fn.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    ret = next((n.value for n in fn.body if isinstance(n, ast.Return)), None)
-    names = ret.elts if isinstance(ret, ast.Tuple) else [ret]
-    return [inner[n.id] for n in names if isinstance(n, ast.Name) and n.id in inner]
-
-
-def graded_tests(source: str, filename: str = "<tests>") -> dict[str, Graded]:
-    """``{test name: Graded}`` for every test with a ``points`` mark in a grading module's source
-    (see the module docstring for the two forms it reads)."""
-    tree = ast.parse(source, filename)
-    makers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    consts = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign)
-              for t in n.targets if isinstance(t, ast.Name)}
-    found: dict[str, Graded | None] = {}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
-            found[node.name] = _graded(node, {}, consts, f"{filename}::{node.name}")
-        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
-                isinstance(node.value.func, ast.Name) and node.value.func.id in makers:
-            target = node.targets[0]
-            names = [e.id if isinstance(e, ast.Name) else "" for e in
-                     (target.elts if isinstance(target, ast.Tuple) else [target])]
-            if not any(n.startswith("test_") for n in names):
-                continue
-            maker = makers[node.value.func.id]
-            made = _made_by(maker)
-            if len(made) != len(names):
-                raise AssignError(f"{filename}:{node.lineno}: {maker.name}() returns {len(made)} "
-                                  f"test function(s) `workbook assign` can read, not {len(names)}")
-            env = _bind(maker, node.value)
-            for name, fn in zip(names, made):
-                if name.startswith("test_"):
-                    found[name] = _graded(fn, env, consts, f"{filename}::{name}")
-    return {name: g for name, g in found.items() if g is not None}
+def _check_level(level: str) -> None:
+    if level not in LEVELS:
+        raise AssignError(f"unknown level {level!r}: choose one of {', '.join(LEVELS)}")
 
 
 # --------------------------------------------------------------------------- the task list
 @dataclass
 class Task:
-    """One line of a lab's task list: a top-level function or class that holds blocks."""
+    """One line of a lab's task list: a top-level function or class that holds blocks, or (at
+    ``challenge``) a region of them."""
     name: str
     goal: str
     members: list[str] = field(default_factory=list)    # a class's stubbed methods
     points: float | None = None                         # None: not graded (or not known)
+    covers: list[str] = field(default_factory=list)     # the top-level names it stands for
+    blocks: list[Block] = field(default_factory=list)   # its blocks, for the hints
+    region: str = ""                                    # a challenge region's title
+    learner_lines: int = 0                              # code lines the learner writes
 
     def title(self) -> str:
-        """``Ring.step``; ``Ring.__init__ and .step``; ``Ring.put, .wait and .check``."""
+        """``Ring.step``; ``Ring.__init__ and .step``; a region's title."""
+        if self.region:
+            return self.region
         if not self.members:
             return self.name
         dotted = [f".{m}" for m in self.members]
         listed = dotted[0] if len(dotted) == 1 else f"{', '.join(dotted[:-1])} and {dotted[-1]}"
         return self.name + listed
+
+    def rungs(self) -> list[list[str]]:
+        """Hint rung k of every block, each line naming its function when the task has several."""
+        several = len(self.blocks) > 1
+        return [[f"{b.where}: {b.rungs[k]}" if several else b.rungs[k]
+                 for b in self.blocks if b.rungs[k]] for k in range(3)]
 
 
 def _summary(doc: str | None) -> str:
@@ -208,18 +95,28 @@ def _summary(doc: str | None) -> str:
     return re.split(r"(?<!e\.g\.)(?<!i\.e\.)(?<!vs\.)(?<=[.!?])\s+", paragraph, maxsplit=1)[0]
 
 
-def tasks_of(text: str, stubs: list[tuple[int, str]], filename: str) -> list[Task]:
-    """The task list of a solution file: ``stubs`` holds each block's (line number, hint)."""
-    try:
-        body = ast.parse(text, filename).body
-    except SyntaxError as exc:
-        raise AssignError(f"{filename}:{exc.lineno}: not valid Python ({exc.msg})") from None
-    tops = [n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def tasks_of(tree: ast.Module, blocks: list[Block], regions: list[Region], level: str) -> list[Task]:
+    """The task list of a solution: a task per top-level def/class holding blocks, except that at
+    ``challenge`` every top-level def/class inside a region joins that region's one task."""
+    tops = [n for n in tree.body if isinstance(n, _DEFS)]
     tasks: dict[str, Task] = {}
-    for line, hint in stubs:
+    if level == "challenge":
+        for r in regions:
+            inside = [n.name for n in tops if r.begin < n.lineno - 1 < r.end]
+            tasks[f"region:{r.begin}"] = Task(inside[0] if inside else r.title, "",
+                                              covers=inside, region=r.title or ", ".join(inside))
+    for b in blocks:
+        line = b.begin + 1
         top = next((n for n in tops if n.lineno <= line <= n.end_lineno), None)
         if top is None:
-            tasks.setdefault("(module level)", Task("(module level)", hint))
+            tasks.setdefault("(module level)", Task("(module level)", b.rungs[0])).blocks.append(b)
+            continue
+        region = next((k for k, t in tasks.items() if top.name in t.covers and t.region), None)
+        if region is not None:
+            tasks[region].blocks.append(b)
             continue
         method = next((n for n in top.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                        and n.lineno <= line <= n.end_lineno), None) \
@@ -227,16 +124,18 @@ def tasks_of(text: str, stubs: list[tuple[int, str]], filename: str) -> list[Tas
         task = tasks.get(top.name)
         if task is None:
             goal = _summary(ast.get_docstring(top)) or \
-                (_summary(ast.get_docstring(method)) if method else "") or hint
-            task = tasks[top.name] = Task(top.name, goal)
+                (_summary(ast.get_docstring(method)) if method else "") or b.rungs[0]
+            task = tasks[top.name] = Task(top.name, goal, covers=[top.name])
+        task.blocks.append(b)
         if method is not None and method.name not in task.members:
             task.members.append(method.name)
-    return list(tasks.values())
+    order = {n.name: n.lineno for n in tops}
+    return sorted(tasks.values(), key=lambda t: min([order.get(c, 0) for c in t.covers] or [0]))
 
 
 def score_tasks(tasks: list[Task], graded: dict[str, Graded], where: str) -> None:
     """Give each task its points: every test's points split evenly among the tasks it names."""
-    by_name = {t.name: t for t in tasks}
+    owner_of = {name: t for t in tasks for name in t.covers}
     for t in tasks:
         t.points = 0.0
     for test, g in graded.items():
@@ -245,10 +144,12 @@ def score_tasks(tasks: list[Task], graded: dict[str, Graded], where: str) -> Non
                               f"the lab functions/classes it grades")
         owners = list(dict.fromkeys(name.split(".")[0] for name in g.tasks))
         for owner in owners:
-            if owner not in by_name:
+            if owner not in owner_of:
                 raise AssignError(f"{where}::{test} names task {owner!r}, which holds no "
-                                  f"### BEGIN SOLUTION block; tasks: {', '.join(by_name)}")
-            by_name[owner].points += g.points / len(owners)
+                                  f"### BEGIN SOLUTION block; tasks: {', '.join(owner_of)}")
+        for task in {id(owner_of[o]): owner_of[o] for o in owners}.values():
+            share = sum(1 for o in owners if owner_of[o] is task)
+            task.points += g.points * share / len(owners)
 
 
 def _pts(points: float) -> str:
@@ -288,75 +189,222 @@ def _wrap(text: str, first: str, rest: str) -> list[str]:
         break_on_hyphens=False)]
 
 
-def _todo(indent: str, hint: str) -> list[str]:
-    """The hint as a ``# TODO:`` comment, wrapped."""
-    return _wrap(hint, f"{indent}# TODO: ", f"{indent}#       ")
+# --------------------------------------------------------------------------- challenge bodies
+def _header_end(src: list[str], node) -> int:
+    """The line (from 0) that ends a def's signature: the ``:`` outside any bracket."""
+    depth = 0
+    for i in range(node.lineno - 1, len(src)):
+        code = src[i].split("#", 1)[0]
+        for ch in code:
+            depth += ch in "([{"
+            depth -= ch in ")]}"
+        if depth == 0 and code.rstrip().endswith(":"):
+            return i
+    raise AssignError(f"line {node.lineno}: cannot find the end of def {node.name}'s signature")
+
+
+def _functions_in(nodes, region: Region):
+    """The functions whose ``def`` line lies in ``region``, looking into classes, not functions."""
+    for n in nodes:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if region.begin < n.lineno - 1 < region.end:
+                yield n
+        elif isinstance(n, ast.ClassDef):
+            yield from _functions_in(n.body, region)
+
+
+def challenge_bodies(src: list[str], tree: ast.Module, regions: list[Region],
+                     lab: str, filename: str) -> dict[int, tuple[int, str, str, Region]]:
+    """``{first body line: (last body line, indent, dotted name, region)}`` (lines from 0) of
+    every function a challenge region hands to the learner: its body after the docstring."""
+    bodies = {}
+    for region in regions:
+        for fn in _functions_in(tree.body, region):
+            first = fn.body[0]
+            has_doc = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None),
+                                                                 ast.Constant) \
+                and isinstance(first.value.value, str)
+            if has_doc and len(fn.body) == 1:
+                continue                                        # nothing but a docstring
+            start = first.end_lineno if has_doc else _header_end(src, fn) + 1
+            stmt = fn.body[1] if has_doc else first
+            indent = src[stmt.lineno - 1][:len(src[stmt.lineno - 1]) - len(src[stmt.lineno - 1].lstrip())]
+            end = fn.end_lineno - 1
+            while end + 1 < len(src) and src[end + 1].strip().startswith("#") and \
+                    src[end + 1].startswith(indent) and not src[end + 1].strip().startswith("###"):
+                end += 1
+            name = ".".join(_dotted(tree, fn))
+            bodies[start] = (end, indent, name, region)
+    return bodies
+
+
+def _dotted(tree: ast.Module, target) -> list[str]:
+    def walk(nodes, path):
+        for n in nodes:
+            if n is target:
+                return path + [n.name]
+            if isinstance(n, ast.ClassDef):
+                found = walk(n.body, path + [n.name])
+                if found:
+                    return found
+        return None
+    return walk(tree.body, []) or [target.name]
+
+
+def _learner_lines(lines: list[str]) -> int:
+    return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
 
 
 # --------------------------------------------------------------------------- labs from solutions
-def strip_solutions(text: str, lab: str, filename: str,
-                    graded: dict[str, Graded] | None = None, tests_name: str = "") -> str:
-    """The stub for one solution file (see the module docstring). ``graded``: the lab's grading
-    tests (``graded_tests``); None or without any ``tasks`` mark: the task list has no points."""
+@dataclass
+class Lab:
+    """One generated lab: its text and its tasks (with their blocks and hints)."""
+    text: str
+    tasks: list[Task]
+    level: str
+
+
+def make_lab(text: str, lab: str, filename: str, graded: dict[str, Graded] | None = None,
+             tests_name: str = "", level: str = DEFAULT_LEVEL) -> Lab:
+    """The lab of one solution file at ``level`` (see the module docstring)."""
+    _check_level(level)
+    blocks, regions = parse(text, filename)
+    try:
+        tree = ast.parse(text, filename)
+    except SyntaxError as exc:
+        raise AssignError(f"{filename}:{exc.lineno}: not valid Python ({exc.msg})") from None
     src = text.splitlines()
+    bodies = challenge_bodies(src, tree, regions, lab, filename) if level == "challenge" else {}
+    by_line = {b.begin: b for b in blocks}
+    markers = {r.begin: r for r in regions} | {r.end: None for r in regions}
+    learner = {r.begin: 0 for r in regions}
     out: list[str] = []
-    stubs: list[tuple[int, str]] = []
     i = 0
     while i < len(src):
-        m = BEGIN.match(src[i])
-        if END.match(src[i]):
-            raise AssignError(f"{filename}:{i + 1}: ### END SOLUTION without a BEGIN")
-        if not m:
+        if i in markers:
+            region = markers[i]
+            if region is not None and level == "challenge":
+                out += _wrap(f"Challenge: {region.title}. Every function below, down to the end "
+                             f"of the component, is yours to write from its docstring.",
+                             f"{region.indent}# ", f"{region.indent}# ")
+            i += 1
+            continue
+        if i in bodies:
+            end, indent, name, region = bodies[i]
+            learner[region.begin] += _learner_lines(src[i:end + 1])   # markup lines are comments
+            out.append(f'{indent}raise NotImplementedError("not implemented yet: {lab}.{name}")')
+            i = end + 1
+            continue
+        block = by_line.get(i)
+        if block is None:
             out.append(src[i])
             i += 1
             continue
-        start, indent = i, m["indent"]
-        i += 1
-        while i < len(src) and not END.match(src[i]):
-            if BEGIN.match(src[i]):
-                raise AssignError(f"{filename}:{i + 1}: nested ### BEGIN SOLUTION")
-            i += 1
-        if i == len(src):
-            raise AssignError(f"{filename}:{start + 1}: ### BEGIN SOLUTION is never closed")
-        where = f"{lab}.{_enclosing(src, start, len(indent))}"
-        hint = m["hint"].strip().removeprefix("hint:").strip()
-        stubs.append((start + 1, hint))
-        if hint:
-            out += _todo(indent, hint)
-        out.append(f'{indent}raise NotImplementedError("not implemented yet: {where}")')
-        i += 1
-    tasks = tasks_of(text, stubs, filename)
+        if level == "guided":
+            if block.rungs[0]:
+                out += _wrap(block.rungs[0], f"{block.indent}# Idea: ", f"{block.indent}#       ")
+            if block.rungs[2]:
+                out += _wrap(block.rungs[2], f"{block.indent}# TODO: ", f"{block.indent}#       ")
+        out.append(f'{block.indent}raise NotImplementedError("not implemented yet: '
+                   f'{lab}.{block.where}")')
+        i = block.end + 1
+    if level == "challenge":
+        for region in regions:
+            if learner[region.begin] < MIN_CHALLENGE_LINES:
+                raise AssignError(f"{filename}:{region.begin + 1}: challenge region "
+                                  f"{region.title!r} leaves {learner[region.begin]} lines to the "
+                                  f"learner; a challenge is at least {MIN_CHALLENGE_LINES}")
+    tasks = tasks_of(tree, blocks, regions, level)
+    starts = {r.title or "": r.begin for r in regions}
+    for t in tasks:
+        t.learner_lines = learner[starts[t.region]] if t.region else \
+            sum(_learner_lines(b.code) for b in t.blocks)
     scored = bool(graded) and any(g.tasks for g in graded.values())
     if scored:
         score_tasks(tasks, graded, tests_name or f"tests/grading/test_{lab}.py")
     body = "\n".join(out) + "\n"
-    return HEADER.format(name=filename, lab=lab) + task_list(tasks, scored) + body
+    header = HEADER.format(name=filename, lab=lab, level=level)
+    return Lab(header + task_list(tasks, scored) + body, tasks, level)
 
 
-def expected_labs(solutions: Path, tests: Path | None = None) -> dict[str, str]:
-    """``{relative path: generated text}`` for every solution file; the task points come from
-    ``tests/grading/test_<lab>.py`` (``tests``: that folder, by default beside ``solutions``)."""
+def strip_solutions(text: str, lab: str, filename: str, graded: dict[str, Graded] | None = None,
+                    tests_name: str = "", level: str = DEFAULT_LEVEL) -> str:
+    """The lab file of one solution file at ``level`` (``make_lab``'s text)."""
+    return make_lab(text, lab, filename, graded, tests_name, level).text
+
+
+def _graded_for(solutions: Path, tests: Path | None, lab: str):
     tests = solutions.parent / "tests" / "grading" if tests is None else tests
-    result = {}
+    test_file = tests / f"test_{lab}.py"
+    shown = f"tests/grading/{test_file.name}"
+    return (graded_tests(test_file.read_text(), shown) if test_file.is_file() else None), shown
+
+
+def make_labs(solutions: Path, tests: Path | None = None, level: str = DEFAULT_LEVEL
+              ) -> dict[str, Lab | str]:
+    """``{relative path: Lab}`` for every solution file with blocks (a plain copy for the rest)."""
+    result: dict[str, Lab | str] = {}
     for path in sorted(solutions.rglob("*.py")):
         if "__pycache__" in path.parts:
             continue
-        rel = path.relative_to(solutions)
+        rel = str(path.relative_to(solutions))
         text = path.read_text()
         if "### BEGIN SOLUTION" not in text:
-            result[str(rel)] = text
+            result[rel] = text
             continue
-        test_file = tests / f"test_{path.stem}.py"
-        shown = f"tests/grading/{test_file.name}"
-        graded = graded_tests(test_file.read_text(), shown) if test_file.is_file() else None
-        result[str(rel)] = strip_solutions(text, path.stem, str(rel), graded, shown)
+        graded, shown = _graded_for(solutions, tests, path.stem)
+        result[rel] = make_lab(text, path.stem, rel, graded, shown, level)
     return result
 
 
-def generate(solutions: Path, labs: Path) -> list[str]:
-    """Write ``labs/`` from ``solutions/``; return the files that changed."""
+def hints_of(solutions: Path, tests: Path | None = None) -> dict:
+    """``labs/hints.json``: per lab and level, the task list with each task's three rungs."""
+    table: dict[str, dict] = {}
+    for level in LEVELS:
+        for rel, lab in make_labs(solutions, tests, level).items():
+            if isinstance(lab, Lab):
+                table.setdefault(Path(rel).stem, {})[level] = [
+                    {"title": t.title(), "names": t.covers, "points": t.points,
+                     "rungs": t.rungs()} for t in lab.tasks]
+    return table
+
+
+def expected_labs(solutions: Path, tests: Path | None = None,
+                  level: str = DEFAULT_LEVEL) -> dict[str, str]:
+    """``{relative path: text}`` of everything ``generate`` writes into ``labs/`` at ``level``."""
+    result = {rel: (lab.text if isinstance(lab, Lab) else lab)
+              for rel, lab in make_labs(solutions, tests, level).items()}
+    result[HINTS_FILE] = json.dumps(hints_of(solutions, tests), indent=1, sort_keys=True) + "\n"
+    return result
+
+
+def generate(solutions: Path, labs: Path, level: str = DEFAULT_LEVEL, force: bool = False
+             ) -> list[str]:
+    """Write ``labs/`` from ``solutions/`` at ``level``; return the files that changed.
+
+    A lab file made at another level is replaced only when it is unedited (it equals what its own
+    level makes) or with ``force``; otherwise nothing is written and ``AssignError`` names the
+    files whose edits would be lost."""
+    expected = expected_labs(solutions, level=level)
+    at_level: dict[str, dict[str, str]] = {}
+    edited = []
+    for rel, text in expected.items():
+        target = labs / rel
+        if not target.exists() or force or rel == HINTS_FILE:
+            continue
+        old = target.read_text()
+        was = level_of(old)
+        if was is None or was == level or old == text:
+            continue
+        if was not in at_level:
+            at_level[was] = expected_labs(solutions, level=was) if was in LEVELS else {}
+        if at_level[was].get(rel) != old:
+            edited.append(str(target))
+    if edited:
+        raise AssignError(f"switching labs/ to level {level!r} would overwrite your edits in "
+                          f"{', '.join(edited)}; keep a copy, then add --force")
     changed = []
-    for rel, text in expected_labs(solutions).items():
+    for rel, text in expected.items():
         target = labs / rel
         if not target.exists() or target.read_text() != text:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -365,9 +413,13 @@ def generate(solutions: Path, labs: Path) -> list[str]:
     return changed
 
 
-def check(solutions: Path, labs: Path) -> list[str]:
-    """The lab files that drift from what ``generate`` would write (missing, changed, extra)."""
-    expected = expected_labs(solutions)
+def check(solutions: Path, labs: Path, level: str | None = None) -> list[str]:
+    """The lab files that drift from what ``generate`` would write (missing, changed, extra);
+    ``level``: by default the level the lab files say they were made at (else standard)."""
+    if level is None:
+        found = [level_of(p.read_text()) for p in sorted(labs.glob("*.py"))]
+        level = next((lv for lv in found if lv), DEFAULT_LEVEL)
+    expected = expected_labs(solutions, level=level)
     drift = [rel for rel, text in expected.items()
              if not (labs / rel).exists() or (labs / rel).read_text() != text]
     extra = [str(p.relative_to(labs)) for p in labs.rglob("*.py")
