@@ -142,7 +142,8 @@ def stages() -> list[tuple[str, str, list]]:
         ("package tests", "", [PY, "-m", "pytest", "-q", "tests/package", "tests/gpu",
                                "-p", "no:cacheprovider", "--durations=8"]),
         ("grading solutions/", "must be full marks", [*wb, "grade", "--impl", "solutions", "--strict"]),
-        (STUB_TITLE, STUB_NOTE, [PY, "-m", "workbook.instructor.selftest", "stubs"]),
+        (STUB_TITLE, STUB_NOTE, [PY, "-m", "workbook.instructor.selftest", "stubs",
+                                 "--level", "standard", "--level", "challenge"]),
     ]
 
 

@@ -158,6 +158,24 @@ def cmd_assign(args) -> int:
     return 0
 
 
+def cmd_hint(args) -> int:
+    from workbook.learner.hints import hint
+    print(hint(args.lab, args.task, show_all=args.all, impl=args.impl))
+    return 0
+
+
+def cmd_progress(args) -> int:
+    from workbook.learner.progress import progress_lines
+    print("\n".join(progress_lines(args.impl)))
+    return 0
+
+
+def cmd_watch(args) -> int:
+    from workbook.learner.watch import watch
+    extra = ["--timeout", str(args.timeout)] + (["--nproc", str(args.nproc)] if args.nproc else [])
+    return watch(args.lab, impl=args.impl, extra=extra)
+
+
 def cmd_demo(args) -> int:
     from workbook.demo import run_demo
     return run_demo(args.nproc, args.link, args.out)
@@ -210,6 +228,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="P",
                    help="ranks on each node (with --nnodes; --nproc, if given, must be N x P)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("hint", help="the next hint for a task of a lab, one rung at a time",
+                       description="Show the next hint rung for TASK (its number in the lab's task "
+                                   "list, or its name): 1 the idea and the lesson section, 2 the "
+                                   "steps in words, 3 near-code. Without TASK: the next task the "
+                                   "last self-check found unfinished. What you opened is shown by "
+                                   "`workbook progress`.")
+    p.add_argument("lab", help=", ".join(LABS))
+    p.add_argument("task", nargs="?", default=None, help="task number or name")
+    p.add_argument("--all", action="store_true", help="show every rung of the task")
+    p.add_argument("--impl", default="labs", help="labs (default) or a folder of lab files")
+    p.set_defaults(func=cmd_hint)
+
+    p = sub.add_parser("progress", help="every lab: last self-check score, next task, hints")
+    p.add_argument("--impl", default="labs", help="labs (default) or a folder of lab files")
+    p.set_defaults(func=cmd_progress)
+
+    p = sub.add_parser("watch", help="self-check a lab again on every save (Ctrl-C leaves)")
+    p.add_argument("lab", help=", ".join(LABS))
+    p.add_argument("--impl", default="labs", help="labs (default) or a folder of lab files")
+    p.add_argument("--nproc", type=int, default=None, help="check on N ranks only")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds one run may take before it counts as a hang (default "
+                        f"{DEFAULT_TIMEOUT_S:g})")
+    p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("grade", help="grade the labs with points",
                        description="Grade with points: one line per test, each failure once with "

@@ -61,6 +61,13 @@ def self_check(lab: str, impl: str = "labs", nproc: int | None = None,
     return run(lab, impl=impl, nproc=nproc, timeout=timeout)
 
 
+def hint(lab: str, task=None, show_all: bool = False, impl: str = "labs") -> None:
+    """The next hint rung of a task, as `workbook hint LAB TASK` prints it (``show_all``: every
+    rung); the rungs opened are remembered, as on the command line."""
+    from workbook.learner.hints import hint as next_hint
+    print(next_hint(lab, task, show_all=show_all, impl=impl))
+
+
 def check_your_work(lab: str, impl: str = "labs", timeout: float = 600.0) -> int | None:
     """Grade ``lab`` (your ``labs/`` file by default) and print the score table.
 

@@ -90,6 +90,9 @@ def self_check(lab: str, *, impl: str = "labs", nproc: int | None = None,
     if not any(v.status == HANG for v in verdicts):
         _figures(lab, nproc, link, trace_dir, timeout, job, out)
     out(summary(lab, verdicts))
+    if not quiet and nproc is None and folder.name != "solutions":   # the learner's progress
+        from workbook.learner.progress import record_self_check
+        record_self_check(folder, lab, verdicts)
     return exit_code(verdicts)
 
 
