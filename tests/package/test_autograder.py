@@ -127,7 +127,7 @@ def test_the_zip_holds_what_gradescope_needs(bundle):
     assert "--extra-index-url https://pypi.org/simple" in setup
     assert wheel.split("-")[1] == config["workbook_version"]
     assert config["labs"] == list(LABS) and config["torch_version"] == torch_version
-    assert config["max_ranks"] == "auto"
+    assert config["max_ranks"] == "auto" and config["level"] == "standard"
     assert modes["setup.sh"] & stat.S_IXUSR and modes["run_autograder"] & stat.S_IXUSR
     assert {"tests/grading/test_ring_allreduce.py", "tests/grading/test_overlap_math.py",
             "tests/extra/test_overlap_math_hidden.py"} <= set(names)

@@ -64,6 +64,9 @@ def register(subparsers) -> None:
                         "picks it on the grading machine from its memory: 1 below 2 GiB, 2 "
                         "below 4 GiB, else no cap. Verdicts do not depend on it, only the "
                         "memory and time grading takes")
+    b.add_argument("--level", default="standard", choices=("guided", "standard", "challenge"),
+                   help="the level the labs were handed out at (workbook assign --level): the "
+                        "same tests grade every level; the results say which it was")
     b.set_defaults(func=_cmd_build)
     r = actions.add_parser("run", help="grade one submission (what run_autograder calls)")
     r.add_argument("--root", default=None,
@@ -74,7 +77,7 @@ def register(subparsers) -> None:
 def _cmd_build(args) -> int:
     zip_path = build(args.lab, args.output, extra_tests=args.extra_tests,
                      test_timeout=args.test_timeout, time_budget=args.time_budget,
-                     max_ranks=args.max_ranks)
+                     max_ranks=args.max_ranks, level=args.level)
     print(f"wrote {zip_path}: upload it as the autograder of a Gradescope programming assignment")
     return 0
 

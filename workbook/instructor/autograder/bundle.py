@@ -67,9 +67,14 @@ exit 0
 
 # --------------------------------------------------------------------------- build
 def build(labs, output, *, extra_tests=None, test_timeout: float = DEFAULT_TEST_TIMEOUT_S,
-          time_budget: float = DEFAULT_TIME_BUDGET_S, max_ranks="auto") -> Path:
+          time_budget: float = DEFAULT_TIME_BUDGET_S, max_ranks="auto",
+          level: str = "standard") -> Path:
     """Write the autograder zip for ``labs`` to ``output``; return its path. ``max_ranks``: a
-    rank cap (a whole number) or ``"auto"`` (chosen on the grading machine, ``run.rank_cap``)."""
+    rank cap (a whole number) or ``"auto"`` (chosen on the grading machine, ``run.rank_cap``).
+    ``level``: the level the class's labs were handed out at (``workbook assign --level``); the
+    same tests grade every level, so it only labels the results."""
+    if level not in ("guided", "standard", "challenge"):
+        raise ValueError(f"--level must be guided, standard or challenge, not {level!r}")
     if str(max_ranks) != "auto" and not (str(max_ranks).isdigit() and int(max_ranks) >= 1):
         raise ValueError(f"--max-ranks must be a whole number of ranks (1 or more) or auto, "
                          f"not {max_ranks!r}")
@@ -101,7 +106,7 @@ def build(labs, output, *, extra_tests=None, test_timeout: float = DEFAULT_TEST_
         version = wheel.name.split("-")[1]
         torch_version = metadata.version("torch").split("+")[0]
         config = {
-            "labs": labs, "test_timeout_s": test_timeout, "time_budget_s": time_budget,
+            "labs": labs, "level": level, "test_timeout_s": test_timeout, "time_budget_s": time_budget,
             "max_ranks": "auto" if str(max_ranks) == "auto" else int(max_ranks),
             "workbook_version": version, "torch_version": torch_version,
             "built_with_python": ".".join(map(str, sys.version_info[:3])),

@@ -109,7 +109,8 @@ def _grade(root: Path, t0: float) -> dict:
     source = root / "source"
     config = json.loads((source / "autograder.json").read_text())
     labs = config["labs"]
-    print(f"autograder: labs {', '.join(labs)}; overlap-workbook {config.get('workbook_version')} "
+    print(f"autograder: labs {', '.join(labs)} (level {config.get('level', 'standard')}: the "
+          f"same tests grade every level); overlap-workbook {config.get('workbook_version')} "
           f"(running {_installed_version()}), torch {config.get('torch_version')}")
     sub = inspect_submission(root / "submission", labs)
     work = root / "work"
