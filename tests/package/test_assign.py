@@ -292,3 +292,19 @@ def test_each_labs_task_points_add_up_to_its_grading_total():
         head = (root / "labs" / f"{lab}.py").read_text().split('"""', 1)[0]
         total = sum(g.points for g in graded.values())
         assert f"# Your tasks ({total:g} pts in all):" in head, (lab, head)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["assign", "--level", "hard"], "invalid choice: 'hard'"),
+    (["assign", "-o", "."], "is the course itself"),
+])
+def test_assign_bad_input_is_one_line(argv, message, capsys, monkeypatch):
+    from workbook import cli
+    from workbook.grading.labs import repo_root
+    monkeypatch.chdir(repo_root())
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:                   # argparse's own usage error
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
