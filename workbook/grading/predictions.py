@@ -59,7 +59,9 @@ def comparison_lines(rows, unit: str = "ms") -> list[str]:
     """The report's table: one row per figure, ``(name, predicted, model, measured)``; a value
     may be None (not implemented yet, or not measured on this run) and is shown as ``-``."""
     def cell(value) -> str:
-        return "-" if value is None else f"{value:.3g}"
+        if value is None:
+            return "-"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
     width = max([len("figure")] + [len(r[0]) for r in rows])
     lines = [f"  {'figure':<{width}}  {'you predicted':>13}  {'the model':>10}  "
              f"{'measured':>10}  ({unit})"]

@@ -231,8 +231,8 @@ def challenge_bodies(src: list[str], tree: ast.Module, regions: list[Region],
             indent = src[stmt.lineno - 1][:len(src[stmt.lineno - 1]) - len(src[stmt.lineno - 1].lstrip())]
             end = fn.end_lineno - 1
             while end + 1 < len(src) and src[end + 1].strip().startswith("#") and \
-                    src[end + 1].startswith(indent) and not src[end + 1].strip().startswith("###"):
-                end += 1
+                    src[end + 1].startswith(indent) and "CHALLENGE" not in src[end + 1]:
+                end += 1                        # trailing comments and a block's END marker
             name = ".".join(_dotted(tree, fn))
             bodies[start] = (end, indent, name, region)
     return bodies
