@@ -119,6 +119,7 @@ def test_challenge_hands_over_every_body_in_the_region():
     stub = assign.strip_solutions(CHALLENGE, "lab", "lab.py", level="challenge")
     assert "# Challenge: Ring, the whole class." in stub
     assert "self.n = n" not in stub and "y = x + 1" not in stub and "given part" not in stub
+    assert "###" not in stub
     assert '"""Remember ``n``."""' in stub and "    size = 4" in stub
     assert 'raise NotImplementedError("not implemented yet: lab.Ring.__init__")' in stub
     assert 'raise NotImplementedError("not implemented yet: lab.Ring.step")' in stub
