@@ -55,6 +55,31 @@ def judge_prediction(got, model: float, mistakes: Mapping[str, float], *, what: 
             f"{unit}{ratio}.{recheck}")
 
 
+def _names(code) -> set[str]:
+    names = set(code.co_names) | set(code.co_varnames)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names(const)
+    return names
+
+
+def reads_the_model(fn, model_names) -> str | None:
+    """None when the learner's prediction function derives its figure; else the message: the
+    package's own model (``model_names``: its functions) is not a derivation. A function that is
+    itself from the package, or whose code (nested functions included) names a model function,
+    reads the answer instead of deriving it."""
+    module = getattr(fn, "__module__", "") or ""
+    if module.startswith("workbook."):
+        return (f"the prediction is the package's own {module}.{getattr(fn, '__name__', fn)}: "
+                f"derive the figure from the link's alpha and beta and the compute rate instead")
+    code = getattr(fn, "__code__", None)
+    used = sorted(set(model_names) & _names(code)) if code is not None else []
+    if used:
+        return (f"the prediction calls the package's model ({', '.join(used)}): derive the figure "
+                f"from the link's alpha and beta and the compute rate yourself")
+    return None
+
+
 def comparison_lines(rows, unit: str = "ms") -> list[str]:
     """The report's table: one row per figure, ``(name, predicted, model, measured)``; a value
     may be None (not implemented yet, or not measured on this run) and is shown as ``-``."""
