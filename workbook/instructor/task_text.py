@@ -9,9 +9,10 @@ average with near-code hints in the lab file; a spec-only (``standard``) lab is 
 5 % on average and 15 % for any task (``tests/package/test_task_text.py``).
 
 * The answer's identifiers: every name, attribute and keyword argument in the task's blocks, less
-  Python's builtins, ``self``/``cls``, the modules the solution imports (``torch``, ``dist``) and
-  the parameters of the function that holds the block (the signature is the contract, and it is
-  printed in the lab anyway). A challenge task's answer is every body it hands over.
+  Python's builtins, ``self``/``cls``, the modules the solution imports (``torch``, ``dist``), the
+  parameters of the function that holds the block, and the task's own functions, classes and
+  methods (signatures are the contract, and the lab prints them anyway). A challenge task's
+  answer is every body it hands over.
 * The task's text: its line in the task list, and every docstring and comment inside its
   top-level function or class in the generated lab.
 * Named as code: inside backticks, dotted (``.grad``, ``a.b``), called (``f(``), indexed
@@ -143,11 +144,22 @@ def task_shares(solution_text: str, lab: str, generated: Lab) -> list[Share]:
         for first, last in spans:
             code = "\n".join(sol_lines[first - 1:last])
             answer |= identifiers(_dedent(code)) - _params(sol_tree, first)
-        answer -= skip
+        answer -= skip | _interface(sol_tree, task)
         entry = f"{task.title()}: {task.goal}"
         named = answer & named_as_code(_text_of(generated.text, task.covers, entry))
         shares.append(Share(lab, task.title(), answer, named))
     return shares
+
+
+def _interface(tree: ast.Module, task: Task) -> set[str]:
+    """The names the task's own signatures give: its functions, classes and methods (the task
+    list and the ``def`` lines print them; naming them is the contract, not the answer)."""
+    names = set(task.covers) | set(task.members)
+    for node in tree.body:
+        if getattr(node, "name", None) in task.covers:
+            names |= {n.name for n in ast.walk(node)
+                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    return names
 
 
 def _answer_spans(tree: ast.Module, task: Task) -> list[tuple[int, int]]:
