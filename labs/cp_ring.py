@@ -1,45 +1,50 @@
-# Generated from solutions/cp_ring.py by `workbook assign`: this is your file to edit.
-# Replace each `raise NotImplementedError` with your code, then grade it with
-#     workbook grade --lab cp_ring
+# Generated from solutions/cp_ring.py by `workbook assign` (level: standard): this is your file to edit.
+# Replace each `raise NotImplementedError` with your code; check it with `workbook run cp_ring`
+# (or `workbook watch cp_ring`). Stuck on task N? `workbook hint cp_ring N`, one hint at a time.
 #
-# Your tasks (30 pts in all):
-#   1. merge_partials (3 pts): The partial over the keys of `a` and of `b` together (disjoint key
-#      sets, same query rows): with `m = max(m_a, m_b)`, rescale each side by `exp(m_side - m)` and
-#      add.
-#   2. block_mask (1.5 pts): What causal attention needs of chunk `q_chunk`'s queries over chunk
-#      `kv_chunk`'s keys (chunks in sequence order): `SKIP` a later chunk (every key is in the
-#      future), `CAUSAL` the same chunk (the lower triangle), `FULL` an earlier chunk (every key is
-#      in the past).
-#   3. block_pairs (1.5 pts): The blocks rank `rank` computes while it holds rank `src`'s K/V: one
-#      `(query rows, key rows, causal)` per pair of a chunk of its own and a chunk of src's that
-#      `block_mask` does not skip; rows are local (`layout.rows(j)` for the j-th chunk held).
-#   4. ring_attention_forward (8.5 pts): Causal attention of this rank's queries over the whole
-#      sequence: `q, k, v [B, h, S/n, d]` (this rank's positions, `layout`) ->
-#      `(out [B, h, S/n, d], lse [B, h, S/n])`.
-#   5. RingAttention.backward (11 pts): Ring attention as an autograd function:
-#      `ring_attention_forward` forward; backward the ring again, recomputing each block from the
-#      saved `(q, k, v, out, lse)`.
-#   6. zigzag_layout (4.5 pts): Megatron's load-balanced split: 2n chunks, rank r holds chunks r
-#      and 2n-1-r (in that order), so that every rank's queries do the same causal work.
+# Your tasks (32 pts in all):
+#   1. merge_partials (3 pts): The online-softmax state of the same query rows over the keys of a
+#      and of b together (two disjoint key sets), exact: what one block would give over all those
+#      keys.
+#   2. block_mask (1.5 pts): What causal attention needs of the queries of one chunk over the keys
+#      of another (chunk ids in sequence order): one of the three mask constants the lab imports
+#      from the given module (skip, causal, full).
+#   3. block_pairs (1.5 pts): The attention blocks a rank computes while it holds the keys/values
+#      of rank src: one triple per pair (a chunk of its own, a chunk of src's) that needs any work:
+#      the query rows and the key rows, each a *local* slice (which rows of a rank's [B, h, S/n, d]
+#      tensors hold that chunk), and a flag, true only for a diagonal block.
+#   4. ring_attention_forward (8.5 pts): Exact causal attention of this rank's queries over the
+#      *whole* sequence, with every rank holding only its own positions: queries, keys and values
+#      [B, h, S/n, d] (this rank's rows, in the layout's order) -> the pair (output [B, h, S/n, d],
+#      log-sum-exp [B, h, S/n]) of its query rows, as one device would compute them (the backward
+#      pass needs both).
+#   5. RingAttention.backward (11 pts): Ring attention as an autograd function, so that the ring
+#      also runs backward.
+#   6. zigzag_layout (4.5 pts): Megatron/NeMo's load-balanced split of the positions over the
+#      ranks: a layout (the given class, named "zigzag") of 2n equal chunks, two a rank, under
+#      which every rank's queries do the same causal work; each rank lists its earlier chunk first.
+#   7. predict_forward_exposed_ms (2 pts): Your prediction, before the run: how many milliseconds
+#      of the forward pass's key/value exchange *your* ring forward (task 4) leaves exposed (no
+#      attention running beside it), on the zig-zag split of n ranks, for queries, keys and values
+#      of [batch, heads, seq_len / n, head_dim] in dtype, on the calibrated simulated link lk (the
+#      given link class of workbook.link: its fields hold alpha, the bandwidth 1/beta and the
+#      compute rate a block's attention runs at).
 """Lab `cp_ring`: context parallelism, ring attention with its K/V traffic hidden.
 
-Lesson 11 (``lessons/11_cp_ring.py``) explains it. Each of n ranks holds the queries, keys and
-values of its positions only, ``[B, h, S/n, d]``; the K/V blocks travel around a ring of ranks
-(Liu et al. 2023, arXiv 2310.01889), the transfer of the next block posted *before* the attention
-on the current one, so that it travels behind that compute (NeMo's CP communication overlap). The
-softmax is computed online, block by block (Milakov & Gimelshein 2018; FlashAttention, arXiv
-2205.14135), and the causal mask decides per pair of chunks: a later chunk is skipped, the
-diagonal masked, an earlier one fully visible. Last, the zig-zag split of Megatron/NeMo gives
-every rank the same causal work. You write:
+Lesson 11 (``lessons/11_cp_ring.py``) explains every idea this lab needs. Each of n ranks holds
+the queries, keys and values of its own positions only, ``[B, h, S/n, d]``; you build exact
+causal attention over the whole sequence by passing the key/value blocks round a ring of ranks
+(Liu et al. 2023, arXiv 2310.01889), each transfer travelling behind the attention of a ring step
+(NeMo's CP communication overlap), and the split of the sequence that keeps every rank equally
+busy under the causal mask (Megatron/NeMo). Before you run it, you predict how much of the
+forward pass's exchange stays exposed on the simulated link.
 
-1. ``merge_partials``: the online-softmax merge of two partial results;
-2. ``block_mask`` and ``block_pairs``: the mask decision per (query chunk, key chunk) pair;
-3. ``ring_attention_forward``: n steps, the next K/V hop posted before each step's attention;
-4. ``RingAttention.backward``: the same ring again, dK/dV riding along with K/V back home;
-5. ``zigzag_layout``: rank r holds chunks r and 2n-1-r.
+The tasks are listed below, in order. The given pieces (the layout, one ring hop, one block's
+attention forward and backward, the single-device reference) are in
+``workbook/context_parallel/context_parallel.py``: read its docstring first.
 
-Given pieces: ``workbook/context_parallel.py``. Run: ``workbook run cp_ring``; grade:
-``workbook grade --lab cp_ring``.
+Check yourself: ``workbook run cp_ring`` (the grader's checks, then the lab's figures); grade:
+``workbook grade --lab cp_ring``; hints, one rung at a time: ``workbook hint cp_ring TASK``.
 """
 from __future__ import annotations
 
@@ -49,58 +54,65 @@ from workbook.context_parallel import CAUSAL, FULL, SKIP, Layout, Partial, block
     block_forward, cp_rank, finish, start_ring_exchange
 
 
-# --------------------------------------------------------------------------- 1. online softmax
+# --------------------------------------------------------------------------- online softmax
 def merge_partials(a: Partial, b: Partial) -> Partial:
-    """The partial over the keys of ``a`` and of ``b`` together (disjoint key sets, same query
-    rows): with ``m = max(m_a, m_b)``, rescale each side by ``exp(m_side - m)`` and add.
-    ``acc [B, h, c, d]``, ``m`` and ``l [B, h, c]``; the order of a and b does not matter."""
-    # TODO: m = torch.maximum(a.m, b.m); each side's factor exp(side.m - m) multiplies its acc
-    #       (unsqueeze(-1)) and its l; return Partial(acc, m, l)
+    """The online-softmax state of the same query rows over the keys of a and of b together
+    (two disjoint key sets), exact: what one block would give over all those keys.
+
+    Contract: two partial states of the same rows in (the given named tuple), one out, with the
+    same shapes ([B, h, rows, d] and [B, h, rows]); symmetric in its arguments; finite for large
+    scores. Lesson 11, section "The online softmax"."""
     raise NotImplementedError("not implemented yet: cp_ring.merge_partials")
 
 
-# --------------------------------------------------------------------------- 2. the mask, per block
+# --------------------------------------------------------------------------- the mask, per block
 def block_mask(q_chunk: int, kv_chunk: int) -> str:
-    """What causal attention needs of chunk ``q_chunk``'s queries over chunk ``kv_chunk``'s keys
-    (chunks in sequence order): ``SKIP`` a later chunk (every key is in the future), ``CAUSAL``
-    the same chunk (the lower triangle), ``FULL`` an earlier chunk (every key is in the past)."""
-    # TODO: compare the two chunk ids
+    """What causal attention needs of the queries of one chunk over the keys of another (chunk
+    ids in sequence order): one of the three mask constants the lab imports from the given
+    module (skip, causal, full). Lesson 11, section "The causal mask, one block pair at a
+    time"."""
     raise NotImplementedError("not implemented yet: cp_ring.block_mask")
 
 
 def block_pairs(layout: Layout, rank: int, src: int) -> list[tuple[slice, slice, bool]]:
-    """The blocks rank ``rank`` computes while it holds rank ``src``'s K/V: one
-    ``(query rows, key rows, causal)`` per pair of a chunk of its own and a chunk of src's that
-    ``block_mask`` does not skip; rows are local (``layout.rows(j)`` for the j-th chunk held)."""
-    # TODO: for each (j, qc) in enumerate(layout.chunks[rank]) and (i, kc) in
-    #       enumerate(layout.chunks[src]): block_mask(qc, kc); keep (layout.rows(j),
-    #       layout.rows(i), mask == CAUSAL) unless SKIP
+    """The attention blocks a rank computes while it holds the keys/values of rank src: one
+    triple per pair (a chunk of its own, a chunk of src's) that needs any work: the query rows
+    and the key rows, each a *local* slice (which rows of a rank's [B, h, S/n, d] tensors hold
+    that chunk), and a flag, true only for a diagonal block. No pair twice, none that needs
+    nothing. Lesson 11, section "The causal mask, one block pair at a time"."""
     raise NotImplementedError("not implemented yet: cp_ring.block_pairs")
 
 
-# --------------------------------------------------------------------------- 3. the ring, forward
+# --------------------------------------------------------------------------- the ring, forward
 def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout):
-    """Causal attention of this rank's queries over the whole sequence: ``q, k, v [B, h, S/n, d]``
-    (this rank's positions, ``layout``) -> ``(out [B, h, S/n, d], lse [B, h, S/n])``.
+    """Exact causal attention of this rank's queries over the *whole* sequence, with every rank
+    holding only its own positions: queries, keys and values [B, h, S/n, d] (this rank's rows,
+    in the layout's order) -> the pair (output [B, h, S/n, d], log-sum-exp [B, h, S/n]) of its
+    query rows, as one device would compute them (the backward pass needs both).
 
-    K and V travel together, one buffer ``torch.stack([k, v])`` ``[2, B, h, S/n, d]`` a hop. At
-    step t = 0..n-1 this rank holds the block of rank ``(r - t) mod n``: it *first* posts the hop
-    of that block to the next rank (``start_ring_exchange``, not at the last step), then computes
-    the step's ``block_pairs``, merging each into its query rows' running partial, and only then
-    waits for the block the previous rank sent. n - 1 hops, each behind a step's attention."""
-    # TODO: r = cp_rank(); kv = torch.stack([k, v]); a dict of running Partials keyed by
-    #       q_rows.start; per step: post the hop (unless last), block_forward each pair
-    #       (merge_partials into its rows' Partial), then wait; finish() the Partials in row order
+    Contract: keys and values reach the other ranks only through the given one-hop ring exchange
+    of the family module, both in *one* buffer a hop ([2, B, h, S/n, d]), n - 1 hops in all,
+    no collective; every block's attention is computed by the given block forward (the grader
+    times it) on the blocks task 3 lists, the results merged with task 1. Overlap: each hop is
+    posted before the attention of the step it travels behind and waited for only after it.
+    Works on any layout (contiguous, zig-zag) and any n, including 1. Lesson 11, sections
+    "What a rank needs, and two ways to give it" and "What travels, and when it hides"."""
     raise NotImplementedError("not implemented yet: cp_ring.ring_attention_forward")
 
 
-# --------------------------------------------------------------------------- 4. the ring, backward
+# --------------------------------------------------------------------------- the ring, backward
 class RingAttention(torch.autograd.Function):
-    """Ring attention as an autograd function: ``ring_attention_forward`` forward; backward
-    the ring again, recomputing each block from the saved ``(q, k, v, out, lse)``."""
+    """Ring attention as an autograd function, so that the ring also runs backward.
+
+    Forward: the output of the ring forward above, keeping the queries, keys, values, output
+    and log-sum-exp (and the layout) for backward. Backward: from the output's gradient, the
+    gradients of this rank's queries, keys and values, each [B, h, S/n, d] and equal to the
+    single-device gradients at its positions, and none for the layout. Lesson 11, section "What
+    travels, and when it hides" (Backward)."""
 
     @staticmethod
     def forward(ctx, q, k, v, layout: Layout):
+        """Run the ring forward; keep what backward recomputes the blocks from."""
         out, lse = ring_attention_forward(q, k, v, layout)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout = layout
@@ -108,36 +120,55 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        """dQ of this rank's queries adds up locally, step by step. dK/dV of the block held at
-        step t is a sum over *every* rank's queries: a buffer ``[2, B, h, S/n, d]`` rides the
-        ring one step behind its K/V block, each rank adding its share (``block_backward``) to
-        what the previous ranks added; after the last step one more hop brings each sum home.
-        The next K/V hop is posted before the step's compute; the dK/dV hop right after it,
-        waited for after the *next* step's compute. Hops: n - 1 of K/V, n of dK/dV."""
+        """The ring again, every block's gradients recomputed from the saved state by the given
+        block backward (the grader times it), never from stored probabilities.
+
+        Contract: the query gradient of this rank's rows is local; the key/value gradient of a
+        block is a sum over the queries of *every* rank that reads it and must end on the rank
+        that owns the block. Traffic: n - 1 key/value hops and n hops of key/value gradients,
+        each one buffer [2, B, h, S/n, d] through the given ring exchange, no collective.
+        Overlap: a key/value hop posted before the step's compute; a gradient hop posted right
+        after it and waited for only after the next step's compute (only the very last one has
+        nothing left to hide behind). Lesson 11, "What travels, and when it hides"."""
         q, k, v, out, lse = ctx.saved_tensors
         dout = dout.contiguous()
-        delta = (dout * out).sum(dim=-1)                           # D = rowsum(dO * O) [B, h, S/n]
-        # TODO: layout, r = ctx.layout, cp_rank(); kv = stack([k, v]); dq zeros; per step: post the
-        #       K/V hop (unless last); zeros for this rank's share of src's dK/dV; block_backward
-        #       each pair (dq rows +=, share[0]/[1] key rows +=); add what the previous rank sent
-        #       (wait for its hop, from step 1 on); post the share's hop; wait for K/V; after the
-        #       loop wait for the last dK/dV hop: it is yours. Return dq, dk, dv, None (the layout
-        #       has no gradient)
+        delta = (dout * out).sum(dim=-1)                           # [B, h, S/n], one per query row
         raise NotImplementedError("not implemented yet: cp_ring.RingAttention.backward")
 
 
 def ring_attention(q, k, v, layout: Layout) -> torch.Tensor:
-    """``[B, h, S/n, d]`` in and out, differentiable (what ``cp_attention`` calls)."""
+    """Ring attention on this rank's positions, [B, h, S/n, d] in and out, differentiable: the
+    ring forward with the ring backward behind it (what the attention sublayer and the grader
+    call)."""
     return RingAttention.apply(q, k, v, layout)
 
 
-# --------------------------------------------------------------------------- 5. the zig-zag split
+# --------------------------------------------------------------------------- the zig-zag split
 def zigzag_layout(seq_len: int, n: int) -> Layout:
-    """Megatron's load-balanced split: 2n chunks, rank r holds chunks r and 2n-1-r (in that
-    order), so that every rank's queries do the same causal work. ``Layout`` raises a
-    ``ValueError`` when ``seq_len`` is not a multiple of 2n."""
-    # TODO: Layout(seq_len, one (r, 2n - 1 - r) per rank, "zigzag")
+    """Megatron/NeMo's load-balanced split of the positions over the ranks: a layout (the
+    given class, named "zigzag") of 2n equal chunks, two a rank, under which every rank's
+    queries do the same causal work; each rank lists its earlier chunk first. Raises a
+    ValueError when the positions do not cut into such chunks. Lesson 11, section "The causal
+    mask, one block pair at a time"."""
     raise NotImplementedError("not implemented yet: cp_ring.zigzag_layout")
+
+
+# --------------------------------------------------------------------------- the prediction
+def predict_forward_exposed_ms(lk, n: int, seq_len: int, batch: int, heads: int, head_dim: int,
+                               dtype: torch.dtype) -> float:
+    """Your prediction, before the run: how many milliseconds of the forward pass's key/value
+    exchange *your* ring forward (task 4) leaves exposed (no attention running beside it), on
+    the zig-zag split of n ranks, for queries, keys and values of [batch, heads, seq_len / n,
+    head_dim] in dtype, on the calibrated simulated link lk (the given link class of
+    workbook.link: its fields hold alpha, the bandwidth 1/beta and the compute rate a block's
+    attention runs at). A float in ms, from the alpha-beta model and FLOP counts only: no ranks,
+    no timing.
+
+    Lesson 11, section "Predict your exposed exchange" gives the model (which blocks a step
+    computes, what one hop carries, what a step hides); the grader compares with the package's
+    model on three settings, and the self-check's figures (``workbook run cp_ring``) print your
+    prediction beside the model and the measured trace."""
+    raise NotImplementedError("not implemented yet: cp_ring.predict_forward_exposed_ms")
 
 
 if __name__ == "__main__":

@@ -1,36 +1,42 @@
-# Generated from solutions/domino.py by `workbook assign`: this is your file to edit.
-# Replace each `raise NotImplementedError` with your code, then grade it with
-#     workbook grade --lab domino
+# Generated from solutions/domino.py by `workbook assign` (level: standard): this is your file to edit.
+# Replace each `raise NotImplementedError` with your code; check it with `workbook run domino`
+# (or `workbook watch domino`). Stuck on task N? `workbook hint domino N`, one hint at a time.
 #
-# Your tasks (17 pts in all):
-#   1. HandleRegistry.put, .start, .wait and .check_empty (3.06 pts): Async all-reduces by name,
-#      from the moment one starts until it is waited on.
-#   2. StartAllReduce.forward (1.23 pts): Forward: start the all-reduce of a partial sum in place
-#      (`registry.start`); identity backward.
-#   3. AsyncCopyToTP.backward (1.38 pts): Domino's f: identity forward; backward *starts* the
-#      all-reduce of the input gradient under `key` and passes it on unreduced (`WaitInBackward`
-#      waits for it later).
-#   4. WaitInBackward.backward (1.71 pts): The paper's no-op: identity forward; backward waits for
-#      the handle `key` first.
-#   5. schedule (4.97 pts): The order of one forward pass, events `(kind, stage, chunk)` that hide
-#      each all-reduce.
-#   6. settle (1.56 pts): Wait for chunk k's all-reduce in flight, if any (key `...fwd`), and
-#      `finish` it.
-#   7. prepare (1.38 pts): Chunk k's input to `stage`: settle the chunk; then (not for the head)
-#      its pre-norm, through `WaitInBackward` (key `...bwd`), into `c.ready[stage, k]`.
-#   8. compute (1.23 pts): Chunk k's stage: its share of the loss at the head; else f, A, B and the
-#      started all-reduce.
-#   9. column_split_forward (0.5 pts): The contrast, forward only: split B's output features into
-#      `p` pieces.
+# Your tasks (19 pts in all):
+#    1. HandleRegistry.put, .start, .wait and .check_empty (3.06 pts): Asynchronous all-reduces by
+#       name, from the moment one starts until it is waited on (lesson 6, "The handle registry").
+#    2. StartAllReduce.forward (1.23 pts): The forward half of Megatron's g, asynchronous (lesson
+#       6, "The row split").
+#    3. AsyncCopyToTP.backward (1.38 pts): Domino's f, asynchronous (lesson 6, "The backward pass:
+#       steering autograd").
+#    4. WaitInBackward.backward (1.71 pts): The paper's no-op module (lesson 6, "The backward pass:
+#       steering autograd").
+#    5. schedule (4.97 pts): The order of one Domino forward pass: a list of events, each a tuple
+#       of a kind, a stage and a chunk.
+#    6. settle (1.56 pts): The wait event of chunk k: bring the chunk's hidden state up to date.
+#    7. prepare (1.38 pts): The prepare event of a unit (a stage, chunk k): its input, made ready
+#       for its compute.
+#    8. compute (1.23 pts): The compute event of a unit (a stage, chunk k): its matmuls, its
+#       all-reduce started.
+#    9. column_split_forward (0.5 pts): The contrast, forward only: B split by output features
+#       instead of the batch by rows.
+#   10. predict_exposed_ms (2 pts): Predict, before running it, the exposed communication (ms) of
+#       one step of your Domino.
 """Lab `domino`: hide tensor-parallel all-reduces behind the compute of other batch chunks.
 
-Lesson 6 (``lessons/06_domino.py``) explains why vanilla TP waits and how Domino (arXiv
-2409.15241) cuts the batch into ``p`` chunks so that one chunk's all-reduce travels while
-another chunk computes, forward and backward. You write the handle registry, the autograd
-functions that start and wait, ``schedule`` (the order of events: a pure function, graded at
-once without ranks), the executor's events (``settle``, ``prepare``, ``compute``) and the column
-split of B. The stack itself (``TPStack``, ``compute_A``, ``compute_B``, ``finish``,
-``head_loss``, vanilla TP) is given in ``workbook/tp_stack.py``.
+Lesson 6 (``lessons/06_domino.py``) explains why vanilla TP waits on every all-reduce and how
+Domino (arXiv 2409.15241) cuts the batch into chunks so that one chunk's all-reduce travels while
+another chunk computes, in the forward and in the backward pass. You build:
+
+1. the handle registry: asynchronous all-reduces kept by name until they are waited on;
+2. the autograd functions that start and wait for them, in the forward and in the backward pass;
+3. ``schedule``: the order of one forward pass's events, a pure function graded at once;
+4. the executor's three events, which ``domino_forward`` runs in your schedule's order;
+5. ``column_split_forward``: the contrast, B split by output features;
+6. ``predict_exposed_ms``: before the run, how much communication your Domino step leaves exposed.
+
+The stack itself (``TPStack``, its sublayers' halves, the head, vanilla TP) is given in
+``workbook/tensor_parallel/layer_stack.py``.
 
 Run it: ``workbook run domino``, ``python labs/domino.py`` or ``torchrun --nproc_per_node=2
 labs/domino.py``; grade it: ``workbook grade --lab domino``; compare: ``workbook bench domino``.
@@ -55,47 +61,62 @@ def handle_key(layer, sublayer: str, chunk: int, phase: str) -> str:
 
 
 class HandleRegistry:
-    """Async all-reduces by name, from the moment one starts until it is waited on."""
+    """Asynchronous all-reduces by name, from the moment one starts until it is waited on
+    (lesson 6, "The handle registry").
+
+    A handle must outlive the code that started it: a forward all-reduce is waited on by a later
+    event of the same chunk, a backward one by another autograd node. The registry keeps every
+    open handle under its key, in start order, and turns each way of losing one into an error
+    that names the key. It is subclassed by the grader and by the benchmarks (which replace how
+    an all-reduce is started), so each method does only what its docstring says."""
 
     def __init__(self):
         self._open: dict[str, object] = {}
 
     def put(self, key: str, work) -> None:
-        """Keep ``work`` under ``key``; a key still open is an error (its handle would be lost)."""
-        # TODO: an open key must not be overwritten: raise a RuntimeError that names it
+        """Keep a work handle (an object whose wait method blocks until its collective is done)
+        open under a key.
+
+        Starting a key that is still open would lose the first handle: raise ``RuntimeError``
+        naming the key, and keep the first one."""
         raise NotImplementedError("not implemented yet: domino.HandleRegistry.put")
 
     def start(self, key: str, tensor: torch.Tensor) -> None:
-        """Start the in-place all-reduce (sum) of ``tensor`` without waiting; keep it under ``key``."""
-        # TODO: torch.distributed returns a work handle instead of blocking when asked to
+        """Start the in-place all-reduce (sum over the default group) of a tensor and return
+        without waiting for it; its handle stays open under the key. The given last line files
+        it: subclasses change how a handle is filed, and must see every one."""
         raise NotImplementedError("not implemented yet: domino.HandleRegistry.start")
+        self.put(key, work)
 
     def wait(self, key: str) -> None:
-        """Wait for the work under ``key`` and forget it; an unknown key is an error."""
+        """Block until the all-reduce under the key is done, and forget it; a key that is not
+        open (never started, or already waited on) is a ``RuntimeError`` naming the key. The
+        given last line blocks on the handle you took out."""
         with torch.profiler.record_function(f"link_wait:{key}"):     # the trace names each wait
-            # TODO: take the work out of the registry (unknown key: a RuntimeError naming it), then
-            #       wait on it
             raise NotImplementedError("not implemented yet: domino.HandleRegistry.wait")
+            work.wait()
 
     def pending(self) -> list[str]:
         """The keys started and not yet waited on, in start order."""
         return list(self._open)
 
     def check_empty(self, where: str = "the end of the step") -> None:
-        """Raise, naming every open key, unless every handle has been waited on."""
-        # TODO: a RuntimeError that says where and lists every pending key
+        """Return quietly when every handle has been waited on; else raise ``RuntimeError`` with
+        a message that says where the check ran and names every key still open."""
         raise NotImplementedError("not implemented yet: domino.HandleRegistry.check_empty")
 
 
 # --------------------------------------------------------------------------- start and wait
 class StartAllReduce(torch.autograd.Function):
-    """Forward: start the all-reduce of a partial sum in place (``registry.start``); identity
-    backward. The returned tensor holds the sum only after ``registry.wait(key)``."""
+    """The forward half of Megatron's g, asynchronous (lesson 6, "The row split").
+
+    Applied to a partial sum, a registry and a key: starts the sum over ranks of that tensor *in
+    place*, through the registry under the key, and returns the same tensor without waiting; it
+    holds the sum only once the registry has waited on that key. Its backward passes the gradient
+    through unchanged (g's backward is the identity)."""
 
     @staticmethod
     def forward(ctx, x, registry, key):
-        # TODO: x is changed in place after this returns: tell autograd (ctx.mark_dirty), start,
-        #       return x
         raise NotImplementedError("not implemented yet: domino.StartAllReduce.forward")
 
     @staticmethod
@@ -104,7 +125,8 @@ class StartAllReduce(torch.autograd.Function):
 
 
 class _KeyedIdentity(torch.autograd.Function):
-    """Identity forward that keeps the registry and the key for its backward."""
+    """Identity forward (a new view of the input) that keeps the registry and the key for its
+    backward: the base of the two functions below."""
 
     @staticmethod
     def forward(ctx, x, registry, key):
@@ -113,48 +135,60 @@ class _KeyedIdentity(torch.autograd.Function):
 
 
 class AsyncCopyToTP(_KeyedIdentity):
-    """Domino's f: identity forward; backward *starts* the all-reduce of the input gradient
-    under ``key`` and passes it on unreduced (``WaitInBackward`` waits for it later)."""
+    """Domino's f, asynchronous (lesson 6, "The backward pass: steering autograd").
+
+    Applied to a tensor, a registry and a key: identity in the forward pass. In the backward pass
+    the incoming gradient is a partial sum; *start* its all-reduce through the registry under the
+    key and pass it on unreduced, without waiting (the no-op below, under the same key, waits for
+    it later)."""
 
     @staticmethod
     def backward(ctx, g):
-        # TODO: an all-reduce needs a contiguous tensor; start it, do not wait
         raise NotImplementedError("not implemented yet: domino.AsyncCopyToTP.backward")
 
 
 class WaitInBackward(_KeyedIdentity):
-    """The paper's no-op: identity forward; backward waits for the handle ``key`` first."""
+    """The paper's no-op module (lesson 6, "The backward pass: steering autograd").
+
+    Applied to a tensor, a registry and a key: identity in the forward pass; in the backward pass
+    it waits, through the registry, for the all-reduce started under the key before the gradient
+    flows on, so what flows on is the full sum."""
 
     @staticmethod
     def backward(ctx, g):
-        # TODO: the gradient is whole only once its all-reduce (this key) is done
         raise NotImplementedError("not implemented yet: domino.WaitInBackward.backward")
 
 
 # --------------------------------------------------------------------------- the schedule
 def schedule(stages: list[Stage], p: int, lookahead: int = 1, inter_layer: bool = True) -> list[tuple]:
-    """The order of one forward pass, events ``(kind, stage, chunk)`` that hide each all-reduce.
+    """The order of one Domino forward pass: a list of events, each a tuple of a kind, a stage
+    and a chunk.
 
-    A pure function of its arguments (no tensors, no ranks). A *unit* is ``(stage, k)``: units
-    go stage by stage, chunks 0..p-1 within a stage. Each unit has a ``"prepare"`` (wait for
-    chunk k's previous all-reduce, norm) and a ``"compute"`` (A, B, start the all-reduce). Unit
-    n + ``lookahead`` is prepared right before unit n computes (``0 <= lookahead < p``), so that
-    in the backward, which autograd runs in reverse, unit n's compute lies between the start and
-    the wait of unit n + lookahead's all-reduce.
-    ``inter_layer=False``: each layer (and the head) is its own run of units, and a layer's run
-    ends with a ``("wait", its last stage, k)`` per chunk k: no all-reduce crosses a layer.
-    """
-    # TODO: cut the stages into runs (all of them, or one per stage.layer); walk each run's units
-    #       with two cursors, prepare running `lookahead` units ahead of compute; close a layer's
-    #       run with its waits
+    A pure function: no tensors, no ranks; it reads the stages (forward order, the head last) and
+    never changes them, and gives the same list every call. A *unit* is one stage of one batch
+    chunk (``0 <= chunk < p``); units go in stage order, chunks in increasing order within a
+    stage. Each unit has exactly one ``"prepare"`` (its input made ready) and, later, exactly one
+    ``"compute"`` (its matmuls, its all-reduce started); lesson 6, "The schedule", defines them.
+
+    ``lookahead`` (``0 <= lookahead < p``) is how many units the prepares run ahead of the
+    computes; the order must be the one of lesson 6, "The backward pass: steering autograd", so
+    that autograd, running the forward's nodes in reverse, hides each backward all-reduce too.
+    ``inter_layer=True``: all stages form one run of units, and nothing waits at a layer
+    boundary. ``inter_layer=False``: each layer is a run of its own, closed by one ``"wait"``
+    event per chunk (chunk order) for its last all-reduces (lesson 6, "The row split"); the head
+    forms a run of its own without waits. Default: lookahead 1, inter-layer overlap."""
     raise NotImplementedError("not implemented yet: domino.schedule")
 
 
 # --------------------------------------------------------------------------- the executor
 class Chunks:
-    """What the executor keeps between events: per chunk k its hidden state ``xs[k]`` (rows
-    ``rows[k]`` of the batch), the normed input a prepare hands to its compute (``ready``), the
-    partial sum whose all-reduce is in flight (``inflight[k] = (stage, tensor)``), the losses."""
+    """What the executor keeps between events for one forward pass of one rank.
+
+    Made from the stack, the batch's inputs x (``[batch, seq, hidden]``) and targets, the chunk
+    count p (which must divide the batch), the registry and the step number (dropout masks
+    depend on it). It holds per chunk k: the rows of the batch it owns and its hidden state, the
+    normed input a prepare hands to its compute (keyed by unit), the partial sum whose forward
+    all-reduce is in flight (with its stage), and the chunks' shares of the loss."""
 
     def __init__(self, m: TPStack, x, targets, p: int, registry: HandleRegistry, step: int):
         self.m, self.targets, self.registry, self.step = m, targets, registry, step
@@ -166,35 +200,45 @@ class Chunks:
 
 
 def settle(c: Chunks, k: int) -> None:
-    """Wait for chunk k's all-reduce in flight, if any (key ``...fwd``), and ``finish`` it."""
-    # TODO: nothing to do unless chunk k has one in flight; after the wait, finish() adds bias,
-    #       dropout and the residual onto c.xs[k]
+    """The wait event of chunk k: bring the chunk's hidden state up to date.
+
+    If the chunk has a forward all-reduce in flight (under its stage's forward key), wait for it
+    and complete that sublayer for the chunk with the stack's given completion step (bias,
+    dropout, residual; lesson 6, "The row split"). Nothing in flight: nothing to do."""
     raise NotImplementedError("not implemented yet: domino.settle")
 
 
 def prepare(c: Chunks, stage: Stage, k: int) -> None:
-    """Chunk k's input to ``stage``: settle the chunk; then (not for the head) its pre-norm,
-    through ``WaitInBackward`` (key ``...bwd``), into ``c.ready[stage, k]``."""
-    # TODO: the no-op goes on the normed input, keyed like the f of the same unit
+    """The prepare event of a unit (a stage, chunk k): its input, made ready for its compute.
+
+    Bring the chunk up to date (the wait event above); then, unless the stage is the head, its
+    pre-norm, passed through the backward's no-op (the class above) under the unit's backward
+    key, kept for the unit's compute (lesson 6, "The backward pass: steering autograd")."""
     raise NotImplementedError("not implemented yet: domino.prepare")
 
 
 def compute(c: Chunks, stage: Stage, k: int) -> None:
-    """Chunk k's stage: its share of the loss at the head; else f, A, B and the started all-reduce.
+    """The compute event of a unit (a stage, chunk k): its matmuls, its all-reduce started.
 
-    A sublayer runs ``AsyncCopyToTP`` (key ``...bwd``), ``compute_A``, ``compute_B``, then
-    ``StartAllReduce`` (key ``...fwd``), left in flight in ``c.inflight[k]``; the head adds
-    ``head_loss`` of the chunk (over all tokens) to ``c.losses``."""
-    # TODO: use the input prepare left in c.ready; the loss divides by every target's count, not
-    #       the chunk's
+    At the head: the chunk's share of the loss (over the batch's token count, so that the shares
+    add up to the batch's mean), kept with the losses. At a sublayer: the input the unit's
+    prepare left, through the asynchronous f (the unit's backward key), the two given halves of
+    the sublayer, then the forward start of the partial sum's all-reduce (the unit's forward
+    key), left in flight for the chunk (lesson 6, "The row split"). Keys: the given naming, with
+    phase fwd or bwd, e.g. layer0.mlp.chunk3.fwd."""
     raise NotImplementedError("not implemented yet: domino.compute")
 
 
 def domino_forward(m: TPStack, x, targets, p: int, registry: HandleRegistry, *, step: int = 0,
                    inter_layer: bool = True, lookahead: int = 1):
-    """Row-split Domino, the executor: run ``schedule``'s events on this rank (a ``"wait"`` is a
-    ``settle``). Returns ``(loss, hidden)``, equal to ``vanilla_tp_forward`` (hidden: the chunks
-    joined in batch order)."""
+    """Row-split Domino, the executor: this rank's forward pass of the stack on x
+    (``[batch, seq, hidden]``) and targets, with the batch cut into p chunks, run as the events
+    of ``schedule`` (lookahead and inter_layer passed on) through the three event functions
+    above. A lookahead outside ``0 <= lookahead < p`` is a ``ValueError``.
+
+    Returns ``(loss, hidden)``: the batch's mean loss and the final hidden states, the chunks
+    joined in batch order, equal to ``vanilla_tp_forward``'s; after the backward of the loss every
+    started all-reduce has been waited on."""
     if not 0 <= lookahead < p:
         raise ValueError(f"lookahead={lookahead} must be at least 0 and smaller than p={p}: a chunk "
                          "can only be prepared once its previous all-reduce has started")
@@ -211,18 +255,44 @@ def domino_forward(m: TPStack, x, targets, p: int, registry: HandleRegistry, *, 
 
 # --------------------------------------------------------------------------- column split of B
 def column_split_forward(m: TPStack, x, targets, p: int, registry: HandleRegistry, *, step: int = 0):
-    """The contrast, forward only: split B's output features into ``p`` pieces. Piece j's
-    all-reduce (key ``layer{i}.{sub}.chunk{j}.col``) travels while piece j+1 is computed; all
-    pieces are waited for and joined before the residual add, because the next norm needs every
-    feature. Returns ``(loss, hidden)``; use it under ``torch.no_grad()``."""
+    """The contrast, forward only: B split by output features instead of the batch by rows.
+
+    Lesson 6, "The contrast: splitting B by columns". Every sublayer computes its
+    column-parallel half on the whole batch, then its row-parallel half in p pieces of B's output
+    features; each piece's all-reduce (the given key naming with phase col, e.g.
+    layer0.mlp.chunk2.col for piece 2) must travel while the later pieces are computed, and the
+    sublayer completes (bias, dropout, residual) once every piece has arrived. Returns
+    ``(loss, hidden)``, equal to vanilla TP's; call it under ``torch.no_grad()``; the registry
+    ends empty."""
     B, cols = x.shape[0], even_slices(m.cfg.hidden, p, "output features of B")
     for stage in stages(m.cfg.n_layers)[:-1]:
         layer, sub = stage
         a = compute_A(m, layer, sub, pre_norm(m, stage, x))
-        # TODO: start every piece's all-reduce before waiting for any; join the pieces along the
-        #       features, then finish()
         raise NotImplementedError("not implemented yet: domino.column_split_forward")
     return head_loss(m, x, targets, targets.numel()), x
+
+
+# --------------------------------------------------------------------------- the prediction
+def predict_exposed_ms(link, model: dict, batch: int, p: int, ranks: int,
+                       inter_layer: bool = True) -> float:
+    """Predict, before running it, the exposed communication (ms) of one step of your Domino.
+
+    Exposed: the link time during which the rank computes nothing, over one training step,
+    forward and backward, lookahead 1 (lesson 6, "Predict before you run").
+
+    The step: the stack of ``model["n_layers"]`` blocks and the head, TP over ``ranks`` ranks,
+    a batch of ``batch`` sequences of ``model["seq_len"]`` tokens cut into ``p`` chunks, messages
+    fp32, inter-layer overlap or not; ``model`` also holds ``hidden``, ``ffn_hidden``,
+    ``vocab_size`` and ``heads``. ``link`` is a ``workbook.link.Link``: its latency per operation
+    (s) and bus bandwidth (bytes/s) are the alpha-beta figures, its ``local_flops`` the matmul
+    rate the machine measured; it carries one operation at a time, in issue order.
+
+    The settings graded are compute-bound, with ``p >= 3``: every chunk's forward compute of a
+    stage, the head's included, takes longer than one chunk's all-reduce. Return a float (ms).
+    The grader compares it with the lesson's planner of the same schedule for several links,
+    rank counts and shapes, and names the term of a known wrong derivation; the report puts your
+    number beside the model and the measured run."""
+    raise NotImplementedError("not implemented yet: domino.predict_exposed_ms")
 
 
 # --------------------------------------------------------------------------- one training step

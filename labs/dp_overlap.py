@@ -1,41 +1,40 @@
-# Generated from solutions/dp_overlap.py by `workbook assign`: this is your file to edit.
-# Replace each `raise NotImplementedError` with your code, then grade it with
-#     workbook grade --lab dp_overlap
+# Generated from solutions/dp_overlap.py by `workbook assign` (level: standard): this is your file to edit.
+# Replace each `raise NotImplementedError` with your code; check it with `workbook run dp_overlap`
+# (or `workbook watch dp_overlap`). Stuck on task N? `workbook hint dp_overlap N`, one hint at a time.
 #
-# Your tasks (30 pts in all):
-#   1. NaiveDP.finish_gradient_sync (2.6 pts): Plain DP: after backward, `g <- (1/n) sum_ranks g`
-#      for every gradient, one blocking all-reduce each: 2(n-1)/n * Psi bytes per rank on the bus,
-#      none of it hidden.
-#   2. make_buckets (2 pts): Group `params` (given in order of use) into buckets in *reverse* order
-#      of use, the order backward makes their gradients: walk them from the last; a bucket closes
-#      when the next parameter would take it past `bucket_bytes` (a parameter larger than that gets
-#      its own).
-#   3. BucketedDP.__init__, .grad_ready and .finish_gradient_sync (6.6 pts): DP with the all-reduce
-#      hidden behind backward: each bucket's gradients live in one flat buffer (`FlatParameters`),
-#      averaged in place by one asynchronous all-reduce, started the moment the bucket's last
-#      gradient has been accumulated.
-#   4. ShardedTrainer.reduce_scatter_grads, .finish_gradient_sync, .optimizer_step, .start_gather
-#      and .before_forward (9.2 pts): The distributed optimizer (ZeRO stage 1 or 2).
-#   5. Zero3.after_forward, .before_backward and .reduce_scatter_grads (9.6 pts): ZeRO-3: between
-#      steps a rank holds only its shards (a copy, `Psi/n`), every flat buffer freed.
+# Your tasks (32 pts in all):
+#   1. NaiveDP.finish_gradient_sync (2.6 pts): Plain data parallelism: after the backward pass
+#      every gradient becomes the average of the ranks' gradients, one blocking collective per
+#      parameter, none of it hidden.
+#   2. make_buckets (2 pts): Group the parameters (given in order of use) into the buckets whose
+#      gradients are reduced together, in the order the backward pass completes them.
+#   3. BucketedDP.__init__, .grad_ready and .finish_gradient_sync (6.6 pts): Data parallelism with
+#      the gradient synchronisation hidden behind the backward pass.
+#   4. predict_exposed_ms (2 pts): Before the run: the milliseconds of `BucketedDP`'s gradient
+#      traffic that no compute can hide in one step, on a simulated link, with a given number of
+#      ranks.
+#   5. ShardedTrainer.reduce_scatter_grads, .finish_gradient_sync, .optimizer_step, .start_gather
+#      and .before_forward (9.2 pts): The distributed optimizer, ZeRO stage 1 or 2 (the
+#      constructor's stage).
+#   6. Zero3.after_forward and .before_backward (9.6 pts): ZeRO-3: the parameters sharded at rest
+#      too.
 """Lab `dp_overlap`: data parallelism and the distributed optimizer, their traffic hidden.
 
-Lesson 9 (``lessons/09_dp_overlap.py``) explains it. Every rank holds the model and trains on
-its rows of the batch; the gradients are averaged over the ranks, so every variant takes exactly
-the step one device takes on the whole batch. Four ways, each hiding more:
+Lesson 9 (``lessons/09_dp_overlap.py``) explains everything this lab asks for. Every rank holds
+the model and trains on its rows of the batch; whatever the variant, each step must be exactly
+the step one device takes on the whole batch. You build four trainers, each hiding more of the
+traffic than the one before, and predict how much of it cannot hide:
 
-1. ``NaiveDP``: all-reduce every gradient after the backward pass (all of it exposed);
-2. ``BucketedDP``: gradients in buckets, in reverse order of use; a bucket's all-reduce starts
-   from a gradient hook the moment its last gradient is ready, behind the rest of the backward
-   pass (PyTorch DDP, Li et al. 2020, arXiv 2006.15704);
-3. ``ShardedTrainer`` (ZeRO-1/2, NeMo's distributed optimizer): each layer's gradients are
-   reduce-scattered during the backward pass, each rank updates its shard (Adam's state is
-   sharded), and each layer's updated parameters are all-gathered one layer ahead of the next
-   forward pass (NeMo's ``overlap_grad_sync`` / ``overlap_param_sync``);
-4. ``Zero3``: parameters sharded at rest; a layer is all-gathered one layer ahead in the forward
-   and the backward pass and freed after use (ZeRO-3, Rajbhandari et al. 2020, arXiv 1910.02054).
+1. ``NaiveDP``: the gradients synchronised after the backward pass;
+2. ``make_buckets`` and ``BucketedDP``: the synchronisation in buckets, during the backward pass
+   (PyTorch DDP, Li et al. 2020, arXiv 2006.15704);
+3. ``predict_exposed_ms``: before you run it, the communication time your buckets leave exposed;
+4. ``ShardedTrainer``: ZeRO-1/2, the distributed optimizer (NeMo's ``overlap_grad_sync`` /
+   ``overlap_param_sync``);
+5. ``Zero3``: the parameters sharded at rest too (Rajbhandari et al. 2020, arXiv 1910.02054).
 
-Given pieces: ``workbook/data_parallel.py``. Run: ``workbook run dp_overlap``; grade:
+Given pieces: ``workbook/data_parallel/data_parallel.py`` (``Trainer``, ``FlatParameters``, ...).
+Run: ``workbook run dp_overlap``; hints: ``workbook hint dp_overlap TASK``; grade:
 ``workbook grade --lab dp_overlap``; compare: ``workbook bench dp_overlap``.
 """
 from __future__ import annotations
@@ -52,70 +51,118 @@ BUCKET_BYTES = 1 << 20            # DDP's default is 25 MB; the lesson's models 
 
 # --------------------------------------------------------------------------- 1. naive DP
 class NaiveDP(Trainer):
-    """Plain DP: after backward, ``g <- (1/n) sum_ranks g`` for every gradient, one blocking
-    all-reduce each: 2(n-1)/n * Psi bytes per rank on the bus, none of it hidden."""
+    """Plain data parallelism: after the backward pass every gradient becomes the average of the
+    ranks' gradients, one blocking collective per parameter, none of it hidden.
+
+    Contract: when ``finish_gradient_sync`` returns, each parameter's gradient holds the mean
+    over the ranks (so Adam takes the single-device step on the whole batch). Collectives: one
+    all-reduce per parameter, after backward. Lesson 9, "Why averaging the gradients is exact"."""
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__(cfg, device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), **ADAM)
 
     def finish_gradient_sync(self) -> None:
-        # TODO: for every parameter: all-reduce its .grad (a sum), then divide it by self.n
         raise NotImplementedError("not implemented yet: dp_overlap.NaiveDP.finish_gradient_sync")
 
 
 # --------------------------------------------------------------------------- 2. buckets
 def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.Parameter]]:
-    """Group ``params`` (given in order of use) into buckets in *reverse* order of use, the
-    order backward makes their gradients: walk them from the last; a bucket closes when the next
-    parameter would take it past ``bucket_bytes`` (a parameter larger than that gets its own)."""
-    # TODO: walk reversed(params); start a new bucket when the current one is not empty and adding
-    #       p.numel() * p.element_size() would exceed bucket_bytes
+    """Group the parameters (given in order of use) into the buckets whose gradients are reduced
+    together, in the order the backward pass completes them.
+
+    Contract: returns a list of non-empty lists; read in order they hold every parameter exactly
+    once, in the order backward produces the gradients. Each bucket is as full as it can be
+    without going over ``bucket_bytes`` (a bucket closes only when the next parameter would not
+    fit); a single parameter larger than the cap gets a bucket of its own. Sizes are the
+    parameters' bytes (elements x element size). Lesson 9, "Building the buckets"."""
     raise NotImplementedError("not implemented yet: dp_overlap.make_buckets")
 
 
 class BucketedDP(Trainer):
-    """DP with the all-reduce hidden behind backward: each bucket's gradients live in one flat
-    buffer (``FlatParameters``), averaged in place by one asynchronous all-reduce, started the
-    moment the bucket's last gradient has been accumulated. Buckets go out in bucket order (every
-    rank must issue collectives in the same order); only the last bucket's all-reduce is exposed."""
+    """Data parallelism with the gradient synchronisation hidden behind the backward pass.
+
+    Construction (``bucket_bytes``: the cap of a bucket): the model's parameters, in order of
+    use (layer by layer, as the given ``Trainer`` lists its layers), grouped into buckets by
+    the function above; each bucket's parameters living in one flat buffer of the given
+    flat-buffer class (its gradient buffer then holds every gradient of the bucket); the
+    trainer's ``buckets`` is the list of these buffers in bucket order (the benchmark reads
+    it), and its optimizer Adam, with the settings imported above, over the model's
+    parameters.
+
+    During backward: the moment a bucket's last gradient has been accumulated, that bucket's
+    gradients are averaged over the ranks by one asynchronous all-reduce of its flat gradient
+    buffer, in place; the buckets go out strictly in bucket order (every rank must issue its
+    collectives in the same order), a bucket that completes early waiting for those before it.
+    ``finish_gradient_sync``: every bucket must have started (else raise, naming the bucket),
+    and returns once all of them are done: the optimizer then reads averaged gradients.
+    Collectives: one all-reduce per bucket per step, nothing else. Lesson 9, "Building the
+    buckets" and "One training step, naive and bucketed"."""
 
     def __init__(self, cfg: ModelConfig, device=None, bucket_bytes: int = BUCKET_BYTES):
+        """The buckets, the optimizer, and a hook on every parameter that reports each of its
+        accumulated gradients, with its bucket's index, to the method below."""
         super().__init__(cfg, device)
         params = [p for unit in self.units for p in unit.parameters()]      # order of use
         self.buckets = [FlatParameters(b) for b in make_buckets(params, bucket_bytes)]
         self.optimizer = torch.optim.Adam(self.model.parameters(), **ADAM)
         self.works: list = []
-        # TODO: for every bucket i and each of its params p: p.register_post_accumulate_grad_hook
-        #       calling self.grad_ready(i)
         raise NotImplementedError("not implemented yet: dp_overlap.BucketedDP.__init__")
 
     def zero_grad(self) -> None:
+        """Before each step: every gradient zeroed in place (they stay views into their bucket's
+        buffer), the count of gradients each bucket still misses reset, no bucket started."""
         for bucket in self.buckets:
-            bucket.zero_grads()                   # keeps every .grad a view into its bucket
+            bucket.zero_grads()                   # in place: the buffers stay the gradients
         self.missing = [len(b.params) for b in self.buckets]   # gradients each bucket still needs
         self.next_bucket, self.works = 0, []
 
     def grad_ready(self, i: int) -> None:
-        """One gradient of bucket ``i`` is accumulated: once the bucket is complete, start the
-        all-reduce of every complete bucket from ``self.next_bucket`` on, in order."""
-        # TODO: count it down in self.missing[i]; then, while bucket self.next_bucket has none
-        #       missing: divide its .grad by n, start an async all-reduce, keep the work, move on
+        """One more gradient of the given bucket is accumulated. Start the averaging of every
+        bucket that is now complete and whose turn it is, in bucket order, without waiting."""
         raise NotImplementedError("not implemented yet: dp_overlap.BucketedDP.grad_ready")
 
     def finish_gradient_sync(self) -> None:
-        # TODO: every bucket must have started (say which did not); wait for each work
+        """After backward: check every bucket went out, then wait until all are averaged."""
         raise NotImplementedError("not implemented yet: dp_overlap.BucketedDP.finish_gradient_sync")
 
 
-# --------------------------------------------------------------------------- 3. ZeRO-1/2
+# --------------------------------------------------------------------------- 3. predict
+def predict_exposed_ms(link, buckets: list[list[nn.Parameter]], first_layer: list[nn.Parameter],
+                       n: int) -> float:
+    """Before the run: the milliseconds of ``BucketedDP``'s gradient traffic that no compute
+    can hide in one step, on a simulated link, with a given number of ranks.
+
+    Inputs: the simulated link (a ``workbook.link.cost_model.Link``: its latency per operation,
+    alpha, and its bus bandwidth, 1/beta, as lesson 3 introduced them); the buckets as
+    ``make_buckets`` returns them, in the order their all-reduces go out; the parameters of the
+    model's first layer in order of use (the embedding); the number of ranks. Assume the link
+    has carried every earlier bucket by the time the backward pass ends (the overlap condition
+    holds), so what stays exposed is what can only start once the backward pass has made its
+    last gradient. Returns a float, in ms. The grader compares it with the link model on
+    several links, bucket sizes and rank counts; the report prints it beside the measured
+    exposed time. Lesson 9, "Predict the exposed tail"."""
+    raise NotImplementedError("not implemented yet: dp_overlap.predict_exposed_ms")
+
+
+# --------------------------------------------------------------------------- 4. ZeRO-1/2
 class ShardedTrainer(Trainer):
-    """The distributed optimizer (ZeRO stage 1 or 2). Each layer's parameters live in one flat
-    buffer; this rank owns the shard ``flat.data[flat.shard]`` and Adam steps only that shard
-    (so Adam's two moments take 2 Psi/n). Per layer, in the backward pass: ``RS(grad / n)``
-    into the shard's ``.grad``; after the step: ``AG`` of the updated shards back into the
-    flat buffer, one layer ahead of the next forward pass. Stage 2 frees each full gradient
-    once its reduce-scatter is done; stage 1 keeps it."""
+    """The distributed optimizer, ZeRO stage 1 or 2 (the constructor's stage).
+
+    Given: each layer's parameters live in one flat buffer, padded so that it splits evenly over
+    the ranks; this rank owns one slice of it, its shard, and Adam holds and steps only the
+    shards (one tensor per layer, whose gradient receives the reduced gradient).
+
+    Contract, per step: in the backward pass, as soon as a layer's gradients are all
+    accumulated, they are reduced over the ranks without waiting, so that this rank's shard
+    receives its slice of the *average*; ``finish_gradient_sync`` waits for every layer's
+    reduction (stage 2 then frees the layer's full gradient buffer: only the shard stays; stage
+    1 keeps it). After Adam's step every layer's full parameters are out of date: they are
+    brought back from every rank's updated shard, each layer's at the latest when its next
+    forward pass needs it, one layer ahead, so that compute hides it (the first layer's from
+    the end of the optimizer step). Collectives: one reduce-scatter per layer in backward, one
+    all-gather per layer per step, nothing else. Lesson 9, "ZeRO: shard what every rank keeps"
+    and "The ZeRO step, layer by layer"."""
 
     def __init__(self, cfg: ModelConfig, device=None, stage: int = 2):
         super().__init__(cfg, device)
@@ -148,28 +195,27 @@ class ShardedTrainer(Trainer):
             self.reduce_scatter_grads(i)
 
     def reduce_scatter_grads(self, i: int) -> None:
-        """Layer ``i``'s gradients are all accumulated: start their reduce-scatter."""
-        # TODO: divide self.flats[i].grad by n; an async reduce_scatter_tensor of it into
-        #       self.shards[i].grad, the work kept in self.grad_works[i]
+        """Layer ``i``'s gradients are all accumulated: start, without waiting, the reduction
+        that leaves this rank's shard gradient holding its slice of the average; keep the handle
+        for the gradient sync to wait on."""
         raise NotImplementedError("not implemented yet: dp_overlap.ShardedTrainer.reduce_scatter_grads")
 
     def finish_gradient_sync(self) -> None:
-        # TODO: wait for every reduce-scatter (layer by layer); with stage >= 2 free that layer's
-        #       full gradient after its wait
+        """After backward: every layer's reduction done (raise, naming the layer, if one never
+        started); from stage 2 on, each layer's full gradient freed once its shard is in."""
         raise NotImplementedError("not implemented yet: dp_overlap.ShardedTrainer.finish_gradient_sync")
 
     def optimizer_step(self) -> None:
+        """Adam on this rank's shards; then mark every layer's full parameters out of date and
+        start bringing back the first layer's (the next forward pass does the rest)."""
         self.optimizer.step()                    # this rank's shards only
-        # TODO: every layer's full parameters are now stale; start the first layer's all-gather
-        #       (the forward pre-hooks do the rest)
         raise NotImplementedError("not implemented yet: dp_overlap.ShardedTrainer.optimizer_step")
 
     def start_gather(self, i: int) -> None:
-        """Start all-gathering layer ``i``'s parameters from every rank's shard, if they are
-        stale (nothing for a layer that is up to date, under way, or does not exist)."""
-        # TODO: only if i is in self.stale: take it out, alloc_params, an async
-        #       all_gather_into_tensor of the shard into self.flats[i].data, the work kept in
-        #       self.gathers[i]
+        """Start, without waiting, bringing layer ``i``'s full parameters back into its flat
+        buffer from every rank's shard, if they are out of date; nothing for a layer that is
+        current, already under way, or does not exist. Keep the handle where the given wait
+        method below finds it."""
         raise NotImplementedError("not implemented yet: dp_overlap.ShardedTrainer.start_gather")
 
     def wait_gather(self, i: int) -> None:
@@ -179,8 +225,8 @@ class ShardedTrainer(Trainer):
             work.wait()
 
     def before_forward(self, i: int) -> None:
-        # TODO: start layer i's gather (if stale), wait for it, then start layer i + 1's (prefetch
-        #       one layer ahead)
+        """Layer ``i`` is about to run forward: its parameters must be complete, and the next
+        layer's must be on their way while it computes."""
         raise NotImplementedError("not implemented yet: dp_overlap.ShardedTrainer.before_forward")
 
     def full_parameters(self) -> dict:
@@ -191,12 +237,22 @@ class ShardedTrainer(Trainer):
         return params_by_name(self.model)
 
 
-# --------------------------------------------------------------------------- 4. ZeRO-3
+# --------------------------------------------------------------------------- 5. ZeRO-3
 class Zero3(ShardedTrainer):
-    """ZeRO-3: between steps a rank holds only its shards (a copy, ``Psi/n``), every flat buffer
-    freed. Forward: gather layer i (started one layer earlier), start i + 1, free i after it
-    ran. Backward: gather layer i again (started by layer i + 1), start i - 1, reduce-scatter
-    its gradients, free it. The parameters cross the link three times: 3 x (n-1)/n x Psi."""
+    """ZeRO-3: the parameters sharded at rest too.
+
+    Given: between steps a rank holds only its shards (its own copy of its slice of each layer),
+    every flat parameter and gradient buffer freed; the forward pass gathers what it needs (as
+    in ZeRO-1/2, one layer ahead).
+
+    Contract, per step: a layer's full parameters exist only while it computes. After its
+    forward pass a layer is freed (except the last one: the backward pass starts with it);
+    before its backward pass it is gathered again, the layer before it already on its way
+    (one layer ahead, in backward order); its gradient buffer is made ready just before its
+    backward, and once its gradients are reduced (as in ZeRO-1/2) the layer is freed again.
+    Collectives: forward, one all-gather per layer; backward, one all-gather per layer but the
+    last and one reduce-scatter per layer; nothing else. Lesson 9, "ZeRO-3: gather one layer
+    ahead"."""
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__(cfg, device, stage=3)
@@ -216,20 +272,22 @@ class Zero3(ShardedTrainer):
         self.optimizer.step()                    # the next forward gathers what it needs
 
     def after_forward(self, i: int, out: torch.Tensor) -> None:
-        """Layer ``i`` ran: its backward begins when the gradient of ``out`` arrives."""
-        # TODO: out.register_hook calling self.before_backward(i); free layer i's parameters,
-        #       except the last layer's (backward starts with it)
+        """Layer ``i``'s forward pass ran and produced ``out``: arrange for this layer's
+        before-backward step (below) to run when the backward pass reaches it, and free the
+        layer's parameters unless it is the last layer (marking them out of date)."""
         raise NotImplementedError("not implemented yet: dp_overlap.Zero3.after_forward")
 
     def before_backward(self, i: int) -> None:
-        """Layer ``i``'s backward is about to run."""
-        # TODO: start layer i's gather (if stale) and wait for it, make room for its gradients
-        #       (zero_grads), start layer i - 1's gather
+        """Layer ``i``'s backward is about to run: its parameters complete, its gradient buffer
+        ready (zeroed), and the layer before it on its way."""
         raise NotImplementedError("not implemented yet: dp_overlap.Zero3.before_backward")
 
     def reduce_scatter_grads(self, i: int) -> None:
-        # TODO: as ZeRO-1/2 (super()), then free layer i's parameters: its backward is done
-        raise NotImplementedError("not implemented yet: dp_overlap.Zero3.reduce_scatter_grads")
+        """Layer ``i``'s gradients are complete: reduce them as ZeRO-1/2 does; its backward is
+        done, so its full parameters go (out of date until the next gather)."""
+        super().reduce_scatter_grads(i)
+        self.flats[i].free_params()
+        self.stale.add(i)
 
     def full_parameters(self) -> dict:
         out = {}

@@ -1,40 +1,44 @@
-# Generated from solutions/tp_overlap.py by `workbook assign`: this is your file to edit.
-# Replace each `raise NotImplementedError` with your code, then grade it with
-#     workbook grade --lab tp_overlap
+# Generated from solutions/tp_overlap.py by `workbook assign` (level: standard): this is your file to edit.
+# Replace each `raise NotImplementedError` with your code; check it with `workbook run tp_overlap`
+# (or `workbook watch tp_overlap`). Stuck on task N? `workbook hint tp_overlap N`, one hint at a time.
 #
-# Your tasks (30 pts in all):
-#    1. exchange (2.2 pts): One ring step, started: `send` to the next rank (r + 1), `recv` filled
-#       from the previous one (r - 1).
-#    2. ring_all_gather_matmul (5.7 pts): All-gather + GEMM, pipelined: `y = AG(x) W^T` for
-#       `x [B, S/n, in]`, `W [out, in]`.
-#    3. ring_matmul_reduce_scatter (5.7 pts): GEMM + reduce-scatter, pipelined: `RS(a W^T)` for
-#       `a [B, S, in/n]`, `W [out, in/n]`.
-#    4. chunked_matmul_reduce_scatter (2 pts): GEMM + reduce-scatter in `chunks` pieces: piece c
-#       holds positions `c*q` to `(c+1)*q` of *every* shard (q = S/n/chunks), so its reduce-scatter
-#       gives this rank piece c of its own shard.
-#    5. ColumnParallelMatmul.forward and .backward (3.45 pts): `y = AG(x) W^T`: sequence shard
-#       `[B, S/n, in]` in, `[B, S, out/n]` out.
-#    6. RowParallelMatmul.forward and .backward (3.45 pts): `y = RS(a W^T)`: `[B, S, in/n]` in,
-#       sequence shard `[B, S/n, out]` out.
-#    7. column_parallel_linear (0.75 pts): Several column-parallel linears of one input (q, k, v;
-#       or gate, up) behind *one* all-gather: their weights stacked into one GEMM.
-#    8. row_parallel_linear (0.75 pts): The row-parallel linear: `[B, S, in/n] -> [B, S/n, out]`,
-#       the whole bias added once.
-#    9. OverlapAttention.forward (3 pts): `blocks.{layer}.attn` from sequence shards to sequence
-#       shards: q, k, v behind one ring all-gather, attention on heads/n heads over the whole
-#       sequence, wo's ring reduce-scatter.
-#   10. OverlapMLP.forward (3 pts): `blocks.{layer}.mlp` from sequence shards to sequence shards
-#       (GELU, or SwiGLU).
+# Your tasks (32 pts in all):
+#    1. exchange (2.2 pts): One step of the ring, started and not waited on.
+#    2. ring_all_gather_matmul (5.7 pts): All-gather + GEMM as a pipelined ring: the forward pass's
+#       "collective matmul".
+#    3. ring_matmul_reduce_scatter (5.7 pts): GEMM + reduce-scatter as a pipelined ring.
+#    4. chunked_matmul_reduce_scatter (2 pts): GEMM + reduce-scatter in asynchronous pieces: NeMo's
+#       chunked alternative to the ring.
+#    5. predict_ring_exposed_ms (2 pts): Your prediction, made before the run: the milliseconds of
+#       communication that your ring all-gather + GEMM leaves exposed (no compute beside it) on the
+#       simulated link.
+#    6. ColumnParallelMatmul.forward and .backward (3.45 pts): The column-parallel GEMM of
+#       sequence-parallel TP, forward and backward, as `Overlap` says.
+#    7. RowParallelMatmul.forward and .backward (3.45 pts): The row-parallel GEMM of
+#       sequence-parallel TP, forward and backward, as `Overlap` says.
+#    8. column_parallel_linear (0.75 pts): Several column-parallel linears of one input (q, k, v;
+#       or gate and up) behind a single all-gather of it, under the given overlap.
+#    9. row_parallel_linear (0.75 pts): The row-parallel linear under the given overlap:
+#       `[B, S, in/n]` in, a sequence shard `[B, S/n, out]` out; the linear's bias (whole on every
+#       rank) counted exactly once in the result.
+#   10. OverlapAttention.forward (3 pts): `blocks.{layer}.attn` from sequence shards to sequence
+#       shards, its communication inside the GEMMs as its `Overlap` says.
+#   11. OverlapMLP.forward (3 pts): `blocks.{layer}.mlp` from sequence shards to sequence shards
+#       (GELU for gpt, SwiGLU for llama), its communication inside the GEMMs as its `Overlap` says.
 """Lab `tp_overlap`: hide sequence-parallel TP's all-gather and reduce-scatter inside the GEMMs.
 
-Lesson 8 (``lessons/08_tp_overlap.py``) explains it. The layout is lab 5's: ``[B, S/n, H]``
-sequence shards between sublayers, shard r = positions ``r*S/n .. (r+1)*S/n``. Instead of
-waiting for a whole all-gather before a GEMM (or a whole GEMM before its reduce-scatter), each
-rank multiplies one shard while the next one travels around the ring (n - 1 p2p steps: NeMo's
-``tp_comm_overlap_ag`` / ``_rs``, PyTorch's async TP), and in the backward pass it sends what has
-no dependency on the GEMM running beside it (``tp_comm_bulk_dgrad`` / ``_wgrad``). Given pieces:
-``workbook/sequence_parallel.py``. Run: ``workbook run tp_overlap``; grade: ``workbook grade
---lab tp_overlap``; compare with plain SP and Domino: ``workbook bench tp_overlap``.
+Lesson 8 (``lessons/08_tp_overlap.py``) explains it. On lab 5's layout (sequence shards
+``[B, S/n, H]`` between sublayers, shard r holding positions ``r*S/n .. (r+1)*S/n``) you build
+the "collective matmul" of NeMo's ``tp_comm_overlap`` and PyTorch's async TP: ring exchanges
+that run inside the GEMMs of the forward pass, bulk overlap in the backward pass, and the
+linears, sublayers and block that use them under every ``Overlap`` variant. Before you run it,
+you predict how much communication your ring leaves exposed; the figures printed after the
+checks set your prediction beside the model and your own trace.
+
+Given pieces: ``workbook.tensor_parallel.sequence_parallel`` (lab 5's collectives, sharded
+linears, norms and block). Run: ``workbook run tp_overlap``; grade: ``workbook grade --lab
+tp_overlap``; a hint when stuck: ``workbook hint tp_overlap TASK``; compare with plain SP and
+Domino: ``workbook bench tp_overlap``.
 """
 from __future__ import annotations
 
@@ -77,111 +81,152 @@ def weight_grad(grad_out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     return grad_out.flatten(0, -2).T @ inp.flatten(0, -2)
 
 
-# --------------------------------------------------------------------------- 1. the ring
+# --------------------------------------------------------------------------- 1. the rings
 def exchange(send: torch.Tensor, recv: torch.Tensor) -> list:
-    """One ring step, started: ``send`` to the next rank (r + 1), ``recv`` filled from the
-    previous one (r - 1). Returns the works to wait on (``dist.batch_isend_irecv``)."""
-    # TODO: two dist.P2POp (isend to the next rank, irecv from the previous) in one
-    #       dist.batch_isend_irecv
+    """One step of the ring, started and not waited on.
+
+    The first tensor goes to the next rank of the tensor-parallel group and the second (a buffer
+    of the same shape) is filled by the previous rank; the ranks form a ring, so the last rank's
+    next is rank 0. Point to point only, both directions in flight at once. Returns the list of
+    works the caller waits on before it reads the buffer or reuses the tensor it sent. Lesson 8,
+    "The ring all-gather + GEMM"."""
     raise NotImplementedError("not implemented yet: tp_overlap.exchange")
 
 
 def ring_all_gather_matmul(x: torch.Tensor, weight: torch.Tensor):
-    """All-gather + GEMM, pipelined: ``y = AG(x) W^T`` for ``x [B, S/n, in]``, ``W [out, in]``.
+    """All-gather + GEMM as a pipelined ring: the forward pass's "collective matmul".
 
-    At step k = 0..n-1 this rank holds shard ``(r - k) mod n``: it passes that shard on while it
-    multiplies it into its rows of ``y``, then takes the shard the previous rank passed it. The
-    n - 1 exchanges all travel behind GEMMs. Returns ``(y [B, S, out], x_full [B, S, in])``."""
-    n, r, s = tp_world_size(), tp_rank(), x.shape[1]
-    y = x.new_empty(x.shape[0], n * s, weight.shape[0])
-    x_full = x.new_empty(x.shape[0], n * s, x.shape[2])
-    # TODO: shard = x; each step: start exchange(shard, a new buffer) unless last, GEMM the shard
-    #       into its rows of y (and x_full), wait, take the buffer
+    Contract: the input is this rank's sequence shard [B, S/n, in], the weight [out, in].
+    Returns a pair: the product AG(x) W^T, [B, S, out], and the gathered input AG(x), [B, S, in]
+    (the backward pass needs it), every shard's rows where the collective all-gather would put
+    them. Communication: ring steps between neighbours only (no collective), n - 1 of them, one
+    shard each, every one in flight while a GEMM runs: none waited on before the GEMM it hides
+    behind has been issued. Works on one rank too. Lesson 8, "The ring all-gather + GEMM" (the
+    left-hand grid says which shard a rank holds at each step)."""
     raise NotImplementedError("not implemented yet: tp_overlap.ring_all_gather_matmul")
-    return y, x_full
 
 
 def ring_matmul_reduce_scatter(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """GEMM + reduce-scatter, pipelined: ``RS(a W^T)`` for ``a [B, S, in/n]``, ``W [out, in/n]``.
+    """GEMM + reduce-scatter as a pipelined ring.
 
-    At step k this rank computes its partial sum for shard ``(r - k - 1) mod n``, adds the
-    running sum of that shard the previous rank passed it, and passes the total on; at the last
-    step the shard is its own and the total is complete. Returns ``[B, S/n, out]``."""
-    n, r = tp_world_size(), tp_rank()
-    s = a.shape[1] // n
-    # TODO: each step: GEMM the rows of this step's shard; from step 1 on wait for the running sum
-    #       and add it; unless last, start exchange(total, a new buffer)
+    Contract: the input is [B, S, in/n] (this rank's slice of the features, every position), the
+    weight [out, in/n]. Returns this rank's sequence shard of RS(a W^T), [B, S/n, out]: for the
+    positions of shard r, the sum over every rank of its partial product, what the collective
+    reduce-scatter returns. Communication: ring steps between neighbours only (no collective),
+    n - 1 of them, each carrying one shard's running sum while a GEMM runs. Works on one rank
+    too. Lesson 8, "The ring all-gather + GEMM" (the right-hand grid) and "GEMM + reduce-scatter,
+    and what stays exposed"."""
     raise NotImplementedError("not implemented yet: tp_overlap.ring_matmul_reduce_scatter")
 
 
 def chunked_matmul_reduce_scatter(a: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.Tensor:
-    """GEMM + reduce-scatter in ``chunks`` pieces: piece c holds positions ``c*q`` to ``(c+1)*q``
-    of *every* shard (q = S/n/chunks), so its reduce-scatter gives this rank piece c of its own
-    shard. Each piece's reduce-scatter travels during the next piece's GEMM; the last one is
-    exposed. Returns ``[B, S/n, out]``."""
-    n = tp_world_size()
-    s = a.shape[1] // n
-    if s % chunks:
-        raise ValueError(f"chunks={chunks} must divide the {s} positions of a shard")
-    # TODO: a.unflatten(1, (n, chunks, q))[:, :, c].flatten(1, 2) is piece c;
-    #       start_reduce_scatter_sequence each GEMM'd piece, wait for all, cat along dim 1
+    """GEMM + reduce-scatter in asynchronous pieces: NeMo's chunked alternative to the ring.
+
+    Contract: the same inputs and result as the ring version above ([B, S, in/n] and
+    [out, in/n] in, this rank's [B, S/n, out] shard of the sum out), but built from
+    as many collective reduce-scatters as there are chunks, each started asynchronously with the
+    given sequence-parallel helpers, so that one piece's reduce-scatter travels while the next
+    piece's GEMM runs (only the last one is exposed). Raises ``ValueError`` when the number of
+    chunks does not divide the S/n positions of a shard. Lesson 8, "GEMM + reduce-scatter, and
+    what stays exposed"."""
     raise NotImplementedError("not implemented yet: tp_overlap.chunked_matmul_reduce_scatter")
 
 
-# --------------------------------------------------------------------------- 2. the linears' autograd
+# --------------------------------------------------------------------------- 2. before you run: predict
+def predict_ring_exposed_ms(link, n: int, batch: int, seq: int, hidden: int, out_features: int,
+                            element_bytes: int = 4) -> float:
+    """Your prediction, made before the run: the milliseconds of communication that your ring
+    all-gather + GEMM leaves exposed (no compute beside it) on the simulated link.
+
+    The setting: n ranks on the given simulated link (a ``workbook.link.Link``: its alpha-beta
+    figures, and the compute rate it was calibrated to, measured on this machine); every rank
+    holds a sequence shard of ``[batch, seq, hidden]`` and a weight ``[out_features, hidden]``,
+    elements of element_bytes bytes each. Return a float, in milliseconds, derived from the link's
+    figures and the shapes alone: no ranks, no timing. The grader compares it with the course's
+    model of your schedule on several links and shapes, and names the term of a wrong derivation;
+    the figures after the self-check print your prediction, the model and the time measured in
+    your own ring's trace side by side. Lesson 8, "Predict, then measure"."""
+    raise NotImplementedError("not implemented yet: tp_overlap.predict_ring_exposed_ms")
+
+
+# --------------------------------------------------------------------------- 3. the linears' autograd
 class ColumnParallelMatmul(torch.autograd.Function):
-    """``y = AG(x) W^T``: sequence shard ``[B, S/n, in]`` in, ``[B, S, out/n]`` out. Backward:
-    ``dx = RS(dy W)``, ``dW = dy^T AG(x)``. With ``bulk`` only the shard is saved: its all-gather
-    travels during the dgrad GEMM, and dgrad's reduce-scatter during the wgrad GEMM."""
+    """The column-parallel GEMM of sequence-parallel TP, forward and backward, as ``Overlap`` says.
+
+    Forward: the input is a sequence shard [B, S/n, in], the weight this rank's [out/n, in];
+    returns AG(x) W^T, [B, S, out/n]. Pipelined: the all-gather runs inside the GEMM (your
+    ring); else one collective before it.
+
+    Backward: returns the gradients of the input (a sequence shard [B, S/n, in], summed over the
+    ranks) and of the weight ([out/n, in]), and None for the overlap switches. Bulk:
+    the forward pass keeps only the input shard (the memory SP saves), and each of the backward's
+    two collectives is started before, and waited on after, the GEMM that does not need it.
+    Pipelined without bulk: the input gradient's reduce-scatter runs inside its GEMM (your
+    ring). Neither: the plain collectives. Lesson 8, "Bulk overlap in the backward pass" and its
+    table; lesson 5 for the gradients of sequence-parallel TP."""
 
     @staticmethod
     def forward(ctx, x, weight, overlap: Overlap):
-        # TODO: the ring (pipelined) or all_gather_sequence then the GEMM; save the shard if bulk,
-        #       else the gathered input
         raise NotImplementedError("not implemented yet: tp_overlap.ColumnParallelMatmul.forward")
 
     @staticmethod
     def backward(ctx, dy):
-        saved, weight = ctx.saved_tensors
-        # TODO: bulk: start the all-gather, dgrad GEMM, wait, start the reduce-scatter, wgrad GEMM,
-        #       wait; pipelined: the ring reduce-scatter with W^T
         raise NotImplementedError("not implemented yet: tp_overlap.ColumnParallelMatmul.backward")
 
 
 class RowParallelMatmul(torch.autograd.Function):
-    """``y = RS(a W^T)``: ``[B, S, in/n]`` in, sequence shard ``[B, S/n, out]`` out. Backward:
-    ``dy`` is all-gathered (pipelined: inside the dgrad GEMM), ``da = AG(dy) W``,
-    ``dW = AG(dy)^T a``."""
+    """The row-parallel GEMM of sequence-parallel TP, forward and backward, as ``Overlap`` says.
+
+    Forward: the input is [B, S, in/n], the weight this rank's [out, in/n]; returns this rank's
+    sequence shard [B, S/n, out] of the GEMM summed over the ranks. Pipelined: the reduce-scatter
+    runs inside the GEMM, as your ring or, when the switches say "chunked", as your chunked
+    version with their number of chunks; else one collective after it.
+
+    Backward: the output gradient arrives as a sequence shard; returns the gradients of the
+    input ([B, S, in/n]) and of the weight ([out, in/n]), and None for the overlap switches.
+    Both need the gathered output gradient; pipelined, that all-gather runs inside the input
+    gradient's GEMM (your ring), else one collective. Lesson 8, "Bulk overlap in the backward
+    pass" (its last paragraph and the table)."""
 
     @staticmethod
     def forward(ctx, a, weight, overlap: Overlap):
-        # TODO: plain, ring or chunked, as overlap says; save what backward needs
         raise NotImplementedError("not implemented yet: tp_overlap.RowParallelMatmul.forward")
 
     @staticmethod
     def backward(ctx, dy):
-        a, weight = ctx.saved_tensors
-        # TODO: the ring all-gather with W^T gives da and AG(dy) at once
         raise NotImplementedError("not implemented yet: tp_overlap.RowParallelMatmul.backward")
 
 
-# --------------------------------------------------------------------------- 3. linears, sublayers, block
+# --------------------------------------------------------------------------- 4. linears, sublayers, block
 def column_parallel_linear(x: torch.Tensor, linears: list, overlap: Overlap) -> list:
-    """Several column-parallel linears of one input (q, k, v; or gate, up) behind *one*
-    all-gather: their weights stacked into one GEMM. Returns each one's ``[B, S, out/n]``."""
-    # TODO: torch.cat the weights, one ColumnParallelMatmul, split the output, add each bias
+    """Several column-parallel linears of one input (q, k, v; or gate and up) behind a single
+    all-gather of it, under the given overlap.
+
+    Contract: the input is a sequence shard ``[B, S/n, in]``; each linear is a column-parallel
+    ``ShardedLinear`` (weight ``[out_i/n, in]``, a bias or None). Returns one ``[B, S, out_i/n]``
+    output per linear, in order, each with its own bias. The input is gathered once whatever
+    the number of linears: one overlapped GEMM serves them all. Lesson 8, "The ring all-gather +
+    GEMM"; lesson 5 for the layout."""
     raise NotImplementedError("not implemented yet: tp_overlap.column_parallel_linear")
 
 
 def row_parallel_linear(a: torch.Tensor, linear: ShardedLinear, overlap: Overlap) -> torch.Tensor:
-    """The row-parallel linear: ``[B, S, in/n] -> [B, S/n, out]``, the whole bias added once."""
-    # TODO: RowParallelMatmul, then the bias on the shard
+    """The row-parallel linear under the given overlap: ``[B, S, in/n]`` in, a sequence shard
+    ``[B, S/n, out]`` out; the linear's bias (whole on every rank) counted exactly once in the
+    result. Lesson 5, "Two ways to shard one block"; lesson 8 for the overlap."""
     raise NotImplementedError("not implemented yet: tp_overlap.row_parallel_linear")
 
 
 class OverlapAttention(nn.Module):
-    """``blocks.{layer}.attn`` from sequence shards to sequence shards: q, k, v behind one ring
-    all-gather, attention on heads/n heads over the whole sequence, wo's ring reduce-scatter."""
+    """``blocks.{layer}.attn`` from sequence shards to sequence shards, its communication inside
+    the GEMMs as its ``Overlap`` says.
+
+    ``forward(x)``: the input and the output are sequence shards ``[B, S/n, H]``. The query, key
+    and value projections share one gathering of the input; each rank attends with its heads/n
+    heads over the whole sequence (causal; rotary positions of the full sequence for llama, as in
+    the reference model); the output projection returns a sequence shard. The model's attention
+    core is given (``workbook.model.ops``). Lesson 8, the table at the end of "Bulk overlap in the
+    backward pass"; lesson 5, "Two ways to shard one block"."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None, overlap: Overlap = Overlap()):
         super().__init__()
@@ -193,13 +238,17 @@ class OverlapAttention(nn.Module):
         self.wo = ShardedLinear(cfg, f"{self.name}.wo", "row", device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO: column_parallel_linear of wq wk wv, model_ops.causal_attention (rope_tables of the
-        #       full sequence), row_parallel_linear
         raise NotImplementedError("not implemented yet: tp_overlap.OverlapAttention.forward")
 
 
 class OverlapMLP(nn.Module):
-    """``blocks.{layer}.mlp`` from sequence shards to sequence shards (GELU, or SwiGLU)."""
+    """``blocks.{layer}.mlp`` from sequence shards to sequence shards (GELU for gpt, SwiGLU for
+    llama), its communication inside the GEMMs as its ``Overlap`` says.
+
+    ``forward(x)``: the input and the output are sequence shards ``[B, S/n, H]``; the
+    column-parallel projections of one input share one gathering of it; the activation is the
+    model's (given in ``workbook.model.ops``). Lesson 8, the table at the end of "Bulk overlap in
+    the backward pass"; lesson 5, "Two ways to shard one block"."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None, overlap: Overlap = Overlap()):
         super().__init__()
@@ -211,8 +260,6 @@ class OverlapMLP(nn.Module):
                                            else "column", device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO: gpt: fc1, gelu, fc2; llama: gate and up behind one all-gather, silu(gate) * up,
-        #       w_down
         raise NotImplementedError("not implemented yet: tp_overlap.OverlapMLP.forward")
 
 

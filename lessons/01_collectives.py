@@ -198,14 +198,117 @@ fig.update_layout(title="modelled time of a 64 MiB collective, DGX-H100 NVLink",
 fig
 
 # %% [markdown]
+# ## Building them from messages
+#
+# Every collective above can be rebuilt from *point-to-point* messages: one rank sends a buffer,
+# one rank receives it into a buffer of the same size. `torch.distributed` has a blocking pair
+# (`send`, `recv`) and a non-blocking one (`isend`, `irecv`, each returning a handle to wait on).
+# A blocking send may wait for its receiver, so when every rank must send *and* receive in the
+# same step, start the messages without blocking and wait for them afterwards; otherwise two
+# ranks that both send first can wait for each other forever. The lab rebuilds each collective
+# in one of three shapes.
+#
+# ### Naive: everyone talks to the root
+#
+# The root of a broadcast or a scatter sends to each of the `n-1` others in turn; the root of a
+# reduce or a gather receives from each of them. `n-1` messages, and every one of them starts
+# or ends at the root, so the root's link carries all the traffic and the run takes `n-1`
+# rounds. A reduce combines each incoming buffer into the root's own as it arrives (sum, max or
+# min): the incoming buffer needs a place of its own first, since receiving overwrites.
+#
+# ### Trees: ⌈log2 n⌉ rounds
+#
+# A rank that already holds the data can forward it. Number the ranks by their distance from
+# the root, the *position* `v = (rank − root) mod n`, so that the root is position 0 whatever
+# its rank. In a **binomial-tree broadcast** the holders double every round: in round `k`
+# (distance `d = 2^k`) each holder `v < d` sends to `v + d`, when that position exists. Six
+# ranks:
+#
+# | round | distance | messages (positions) | holders afterwards |
+# |---|---|---|---|
+# | 0 | 1 | 0→1 | 0, 1 |
+# | 1 | 2 | 0→2, 1→3 | 0–3 |
+# | 2 | 4 | 0→4, 1→5 | 0–5 |
+#
+# Still `n-1` messages in all, but spread over many senders: `⌈log2 n⌉` rounds, and the root
+# sends only `⌈log2 n⌉` times. A position knows its part from its number alone: in the round
+# of distance `d` it sends if it is below `d`, receives if it lies between `d` and `2d`, and
+# otherwise sits the round out.
+#
+# The **binomial-tree reduce** is the same tree run backwards: partial results flow *towards*
+# the root, smallest distance first. In each round, a position that is an odd multiple of the
+# distance sends its partial result one distance down and is done for good; a position that is
+# an even multiple (0 included) receives from one distance up, when that exists, and combines.
+# Six ranks:
+#
+# | round | distance | messages (positions) | still holding a partial result |
+# |---|---|---|---|
+# | 0 | 1 | 1→0, 3→2, 5→4 | 0, 2, 4 |
+# | 1 | 2 | 2→0 (6 does not exist: 4 waits) | 0, 4 |
+# | 2 | 4 | 4→0 | 0 |
+#
+# A non-root rank accumulates into a buffer of its own, so that, as with the built-in reduce,
+# only the root's tensor changes. **All-reduce** is then a reduce to one rank followed by a
+# broadcast from it: `2⌈log2 n⌉` rounds, few latencies, but every message carries the whole
+# buffer. Lesson 2 builds the all-reduce that moves far fewer bytes.
+#
+# ### Direct exchange: all-gather and reduce-scatter
+#
+# In an all-gather every rank owns one chunk of the output; in a reduce-scatter every rank
+# wants one chunk of the reduced input. Both are one round in which every pair of ranks trades
+# one chunk each way: rank `r` sends its own chunk to everyone (all-gather) or sends chunk `p`
+# of its input to rank `p` (reduce-scatter), and receives the `n-1` chunks it lacks. Started
+# all at once and waited for together, the `2(n-1)` messages of a rank are in flight together,
+# so a receive needs its own destination: a view of the output for the all-gather, a scratch
+# buffer per peer for the reduce-scatter, whose chunks are combined once they are all in.
+#
+# The chunks are `torch.tensor_split`'s: a flat buffer of `K` elements in `n` chunks, the first
+# `K mod n` of them one element longer (`K = 10`, `n = 4`: 3, 3, 2, 2). The built-ins want `K`
+# divisible by `n`; the builds of the lab do not.
+#
+# ### The dissemination barrier
+#
+# A barrier moves no data, only news: "I have arrived". Sending it to everyone would take
+# `n(n-1)` messages. The **dissemination barrier** needs `⌈log2 n⌉` rounds of one message per
+# rank: in the round of distance `d = 2^k`, rank `r` tells rank `r + d` and hears from rank
+# `r − d` (mod `n`). What a rank hears in a round carries everything its sender had heard
+# before, so after the round of distance `d` a rank knows that the `2d − 1` ranks before it have
+# arrived; once `2d ≥ n` it knows about every rank and may leave. Sending without blocking
+# before receiving keeps two ranks that tell each other from waiting on each other.
+#
+# ### What each build costs
+#
+# With `S` the bytes of the buffer and `L = ⌈log2 n⌉`:
+#
+# | build | who sends what | rounds | busiest rank moves |
+# |---|---|---|---|
+# | broadcast (naive) | root → each other rank, `S` bytes | `n − 1` | root sends `(n−1) S` |
+# | tree broadcast | binomial tree, the holders double per round | `L` | root sends `L S` |
+# | reduce (naive) | each other rank → root, `S` bytes | `n − 1` | root receives `(n−1) S` |
+# | tree reduce | binomial tree, partial results towards the root | `L` | root receives `L S` |
+# | all-reduce | tree reduce, then tree broadcast | `2L` | `2L S` |
+# | gather / scatter | root ↔ each other rank, one chunk | `n − 1` | root `(n−1)/n S` |
+# | all-gather | every rank → every other, its chunk | `n − 1` messages, all in flight | `(n−1)/n S` out, the same in |
+# | reduce-scatter | every rank → rank `p`, chunk `p` | `n − 1` messages, all in flight | `(n−1)/n S` out, the same in |
+# | barrier | dissemination, to rank `r + 2^k` | `L` | `L` one-element messages |
+#
+# Both trees send `n − 1` messages in all, like the naive builds: they win by spreading the
+# sends over many senders. `workbook run collectives` prints, after the checks, what each of
+# your builds sent and how long it took next to the built-in; lesson 2 turns such times into
+# nccl-tests' rates (algbw, and busbw = algbw × the bus factor above), comparable across `n`.
+
+# %% [markdown]
 # ## Exercise: build them from point-to-point messages
 #
 # Open `labs/collectives.py`. Every collective above can be built from `dist.send`/`dist.recv`
 # (or `isend`/`irecv`): a naive broadcast where the root sends `n-1` times, a binomial tree
 # that needs only `⌈log2 n⌉` rounds, reduce, all-reduce, gather, all-gather, scatter,
-# reduce-scatter and a barrier. Replace each `raise NotImplementedError`, then self-check it
-# (the first cell below, or `workbook run collectives --nproc 4`) and grade it (the second, or
-# `workbook grade --lab collectives`).
+# reduce-scatter and a barrier, each as the section above describes it. Each task's docstring
+# is its spec (what it must do, which messages it may send, where this lesson explains it);
+# when you are stuck, `workbook hint collectives N` shows the next hint for task `N` of the
+# lab's task list, one rung at a time. Replace each `raise NotImplementedError`, then
+# self-check it (the first cell below, or `workbook run collectives --nproc 4`) and grade it
+# (the second, or `workbook grade --lab collectives`).
 #
 # The self-check runs the grader's own checks and prints one verdict per check: `TODO` for a
 # part not written yet, `FAIL` with the rank, the case and expected vs got for a wrong one, and

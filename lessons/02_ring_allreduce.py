@@ -12,6 +12,12 @@
 # 2. **all-gather** phase, `n-1` more steps: the finished chunks travel around the ring once
 #    more, this time copied, not added.
 #
+# In every step a rank sends and receives at the same time, so both messages are started
+# without blocking (lesson 1, "Building them from messages") and waited for together. In phase 1
+# the arriving chunk must be *combined* with the rank's own copy, so it lands in a scratch
+# buffer first (one for the whole phase: a chunk is never longer than the first); in phase 2 it
+# simply replaces the stale copy, so it can land straight in place.
+#
 # Each rank sends `2(n-1)` messages of `S/n` bytes: `2(n-1)/n · S` in total, *whatever* `n` is.
 # That number is the bus factor of lesson 1.
 
@@ -105,6 +111,15 @@ display(W.VBox([W.HBox([ranks, step]), ring_out]))
 #
 # So small messages prefer trees (NCCL switches algorithms by size) and large ones the ring. The
 # sliders start at NVLink-like values.
+#
+# Where do the two curves cross? Each time is a count of latencies times `α` plus a count of
+# tensor-sized transfers times `S/β`. The ring pays more latencies than the tree (from four
+# ranks on) and moves fewer bytes, so it is slower for small `S` and faster for large `S`; the
+# size at which both times are equal is the **crossover**, and one line of algebra finds it.
+# Two edge cases: when the ring pays no more latencies than the tree (two or three ranks) it is
+# never the slower one, and a ring that saved nothing per byte would never win. The
+# naive all-reduce of lesson 1 (reduce to the root, then broadcast, the root handling one
+# whole-tensor message at a time) is priced the same way: count its messages.
 
 # %%
 def ring_time(S, n, alpha, beta):
@@ -170,7 +185,8 @@ fig
 # Open `labs/ring_allreduce.py`: the reduce-scatter phase, the all-gather phase, then the whole
 # ring, for any number of ranks and sizes that `n` does not divide, with `isend`/`irecv` only
 # (the grader reads your calls and fails a ring built on the built-in all-reduce). Then the cost
-# model. Grade it with `workbook grade --lab ring_allreduce`, or:
+# model. Each task's docstring is its spec; `workbook hint ring_allreduce N` shows the next hint
+# for task `N` of the lab's task list. Grade it with `workbook grade --lab ring_allreduce`, or:
 
 # %%
 check_your_work("ring_allreduce")

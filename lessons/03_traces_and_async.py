@@ -178,6 +178,48 @@ for r in range(RANKS):
 trace.timeline_figure(async_run, title="async all-reduce overlapped with compute (SIMULATED dgx-h100)")
 
 # %% [markdown]
+# ## A pipeline of all-reduces
+#
+# One all-reduce hides only if independent compute is at hand when it starts. Often the compute
+# that follows needs the result: in tensor parallelism a row-parallel layer's output is summed
+# over the ranks, and the next layer reads the sum. The way out is to cut the batch into chunks.
+# The chunks are independent of each other, so while chunk *k*'s output travels, chunk *k+1* can
+# be computed; chunk *k*'s sum is needed only later. Each chunk's all-reduce then hides behind
+# the next chunk's compute, and at most two are in flight: the one that has just started and the
+# one still to be finished. That is the heart of Domino (lesson 6) and of much of what follows.
+#
+# Two chunks of the timeline are special. The first chunk's compute runs with nothing in flight
+# beside it, and the last chunk's all-reduce has no chunk left to hide behind: they are exposed
+# whatever the schedule. In between, each step lasts the *longer* of one chunk's compute and one
+# all-reduce: if compute is longer the link waits for the next output, if the all-reduce is
+# longer the rank waits for the link (which carries one operation at a time, in issue order).
+#
+# ## Predicting the pipeline
+#
+# The step time of such a pipeline can be predicted from three figures of the link and the
+# shapes, before anything runs. A simulated link is a `workbook.link.Link`; its fields are the
+# alpha-beta model's figures on this machine: `latency_s` (alpha, seconds per operation) and
+# `bandwidth_Bps` (bus bytes per second), and `local_flops`, the matmul rate this machine
+# measured when the link was calibrated:
+#
+# * **compute**: a matmul of an $[m, k]$ by a $[k, n]$ matrix does $m\,k\,n$ multiply-adds,
+#   and counts **2 FLOPs per multiply-add**; its time is its FLOPs over the measured rate;
+# * **communication**: lesson 2's model, $\alpha + \text{bus bytes} / \text{bandwidth}$, where
+#   a ring all-reduce of $S$ bytes on $n$ ranks moves $\tfrac{2(n-1)}{n} S$ bus bytes, not $S$
+#   (float32: 4 bytes per element);
+# * **the schedule**: add up the timeline above, piece by piece.
+#
+# Which term dominates changes with the link and the shapes: on the calibrated links alpha is
+# tens of milliseconds, so small messages are all latency. The lab asks for this prediction for
+# your own pipeline; its report prints your number beside the model's and the measured step.
+
+# %%
+sim = link.make_link(PRESET, local)
+print(sim.label)
+print(f"latency_s = {sim.latency_s * 1e3:.2f} ms, bandwidth_Bps = {sim.bandwidth_Bps / 1e6:.2f} MB/s, "
+      f"local_flops = {sim.local_flops / 1e9:.1f} GFLOP/s")
+
+# %% [markdown]
 # ## Explore
 #
 # The explorer shows any run: pick ranks, zoom in, read the metrics per rank. The same files
@@ -190,17 +232,17 @@ trace.explorer(async_run)
 # %% [markdown]
 # ## Exercise: the `async_overlap` lab
 #
-# Open `labs/async_overlap.py`:
-#
-# 1. `overlapped_all_reduce(tensor, compute)`: start the all-reduce, run `compute()`, wait;
-# 2. `pipelined_all_reduce(chunks, layer)`: a batch in chunks, where chunk *k*'s all-reduce
-#    travels while chunk *k+1* is computed (the idea behind Domino, lesson 6).
+# Open `labs/async_overlap.py`: its docstrings are the spec of three tasks, the overlapped
+# all-reduce of "The same step, asynchronous", the pipeline of "A pipeline of all-reduces", and
+# the pipeline's predicted step time of "Predicting the pipeline". Stuck? `workbook hint
+# async_overlap 1` shows one hint at a time.
 #
 # Try it with `workbook run async_overlap --nproc 2 --link dgx-h100 --trace-dir runs/async`
 # (then open `runs/async/report.html`). The grader checks your numbers against the synchronous
-# all-reduce on 1–4 ranks, and reads from your trace that at least 70% of the communication
-# hides behind compute on the simulated DGX-H100 link. A grader's spy delivers an async result
-# only when you wait on it, as a GPU would, so forgetting a wait shows up as wrong numbers.
+# all-reduce on 1–4 ranks, reads from your trace that at least 70% of the communication
+# hides behind compute on the simulated DGX-H100 link, and compares your prediction with the
+# model on several links and shapes. A grader's spy delivers an async result only when you
+# wait on it, as a GPU would, so forgetting a wait shows up as wrong numbers.
 
 # %%
 check_your_work("async_overlap")

@@ -84,6 +84,26 @@ print("A split by rows, GeLU before the sum:   ", torch.allclose(wrong + b, full
 # *Why g is the identity backward.* The output of g is the same on every rank, so every rank
 # already holds the full `dL/dY`, which is also the gradient of its partial sum.
 #
+# Two more pairs finish the set, for a layer that must *start* from a replicated tensor's slice
+# or *end* with every rank's slice joined:
+#
+# | operator | forward | backward |
+# |---|---|---|
+# | **scatter** | keep this rank's slice of the last dim (no communication) | all-gather the slices' gradients |
+# | **gather** | all-gather the slices along the last dim | keep this rank's slice of the gradient |
+#
+# Each backward is forced by its forward: scatter's input was replicated, so its gradient must be
+# the whole one, rebuilt from every rank's slice; gather's output was whole on every rank, and
+# each rank's input produced only its own features of it. Every operator of this table is a
+# *pair of functions*, one per pass; `workbook.tensor_parallel.mappings.conjugate_op` makes an
+# autograd operator of such a pair, so each operator is one line once you know its pair.
+#
+# A column-parallel layer therefore enters its region with f and ends with this rank's features
+# (or gathers them, when a caller needs the whole output); a row-parallel layer starts from this
+# rank's features (or scatters a whole input first) and leaves its region with g, then adds its
+# bias. Where several column layers read the same input, as `W_q`, `W_k` and `W_v` do, the caller
+# applies f *once* for all of them: one all-reduce of the summed gradients instead of three.
+#
 # In a pre-norm block, each half (attention, MLP) gets one f and one g:
 
 # %%
@@ -134,6 +154,8 @@ def block_figure():
 block_figure()
 
 # %% [markdown]
+# ## Attention and the vocabulary
+#
 # **Attention** splits the same way, by heads. `W_q`, `W_k`, `W_v` are column-parallel and
 # their output features are grouped by head, so rank *i* gets whole heads and runs attention on
 # `heads/n` of them with no communication at all. `W_o` is row-parallel: its input is the
@@ -145,6 +167,12 @@ block_figure()
 # rank holds the logits of its own tokens, `[B, S, V/n]`, and the cross-entropy
 # `log Σ exp(z) − z_target` is assembled from three all-reduces of only `B·S` numbers (the max,
 # the sum of exponentials, the target's logit), so no rank ever builds the full `[B, S, V]`.
+# The max is only there for numerical stability: `log Σ exp(z − m) − (z_target − m)` is the same
+# loss for any `m`, so the loss does not depend on it and it needs no gradient. Take it outside
+# autograd (an all-reduce with `MAX`), and the backward pass needs no communication for the loss
+# at all: the two sums are g's, whose backward is the identity. The target's logit lives on one
+# rank only (the one holding its id); the others contribute zero to its sum, and the same trick
+# serves the embedding, which looks up only the ids a rank holds.
 #
 # ## What it costs
 #
@@ -322,15 +350,15 @@ for phase in ("forward", "backward"):
 # Open `labs/tp.py` and replace each `raise NotImplementedError`, in this order (each step uses
 # the ones before):
 #
-# 1. the autograd functions: **f** (`_CopyToTensorParallelRegion`), **g**
-#    (`_ReduceFromTensorParallelRegion`), scatter and gather (`split_last_dim` and
-#    `gather_last_dim` are given, in `workbook/tp.py`);
-# 2. `ColumnParallelLinear` and `RowParallelLinear` (the bias after g!);
-# 3. `TPMLP` and `TPAttention` (one f for `W_q W_k W_v` together);
-# 4. `TPBlock`;
-# 5. `VocabParallelEmbedding`, `vocab_parallel_cross_entropy` and `TPModel`.
+# 1. the four operators: f, g, scatter and gather ("The conjugate pair f and g");
+# 2. the column- and row-parallel linears ("Splitting a linear layer", and the bias rule);
+# 3. the MLP and the attention ("Splitting a linear layer", "Attention and the vocabulary");
+# 4. the block;
+# 5. the vocab-parallel embedding, the loss and the model ("Attention and the vocabulary").
 #
-# The task list at the top of `labs/tp.py` gives the same steps with the points each carries.
+# The task list at the top of `labs/tp.py` gives the same steps with the points each carries,
+# and each task's docstring is its spec. Stuck? `workbook hint tp N` shows the next hint for
+# task N (the idea, then the steps, then near-code).
 #
 # Run it with `workbook run tp --nproc 2 --trace-dir runs/tp` (then open `runs/tp/report.html`),
 # and re-run this notebook's "your block" cells to see your own timeline. The grader compares

@@ -13,7 +13,8 @@
 # positions only. This is **sequence parallelism** (SP). This lesson:
 #
 # 1. which tensors are sharded how, and why the communication volume does not change;
-# 2. the two new duties: partial LayerNorm gradients and reproducible dropout;
+# 2. the two new duties: partial LayerNorm gradients and reproducible dropout; the embedding and
+#    the head at the ends of the model;
 # 3. a calculator of activation memory per layer, TP against SP;
 # 4. your `sp` lab on 2 ranks: its timeline next to the planned schedule, its collectives read
 #    from the trace, and its measured activation memory against the prediction.
@@ -45,9 +46,16 @@ SHARDED = "rgba(0, 114, 178, 0.45)"          # the compute blue, lighter: sequen
 # now hold `[S/t, B, H]` (light blue: each rank has its own positions), and the region boundaries
 # change collective: `f` becomes an **all-gather** along the sequence (every rank needs every
 # position for its heads), `g` a **reduce-scatter** (sum the partial outputs, keep your
-# positions). The paper calls this pair *g* and *ḡ*. (Megatron-LM keeps activations `[S, B, H]`
-# so the sequence is dim 0, which the tensor collectives concatenate along; the lab's tensors are
-# `[B, S, H]` and it transposes around each collective.)
+# positions). The paper calls this pair *g* and *ḡ*.
+#
+# **Which dim the collectives cut.** The single-tensor collectives of `torch.distributed`
+# (`all_gather_into_tensor`, `reduce_scatter_tensor`) join and cut a buffer along **dim 0**.
+# Megatron-LM keeps activations `[S, B, H]`, so the sequence is dim 0 and they cut it directly.
+# The lab's tensors are `[B, S, H]`, a shard is `x[:, s0:s1]`: around each collective it moves the
+# sequence to the front (`[S, B, H]`, made contiguous, since the collective reads the buffer's
+# memory in order), and back afterwards. A reduce-scatter also needs a sequence length that
+# splits over the *t* ranks; the model checks that once, at construction
+# (`ModelConfig.validate(tp, sequence_parallel=True)`).
 
 # %%
 def block_figure():
@@ -181,6 +189,26 @@ print("rank 0's positions and rank 1's positions get different masks:",
       not torch.equal(mask[:, :3], mask[:, 3:]))
 
 # %% [markdown]
+# ## The ends of the model: embedding and head
+#
+# **The embedding ends in shards.** Lab 4's vocab-parallel embedding let each rank look up the
+# token ids it holds (zeros for the others) and added the ranks' partial lookups with g, an
+# all-reduce. The first block now wants shards, so the sum and the sharding become *one*
+# reduce-scatter along the sequence: each rank receives the total for its own positions only.
+# Learned positions (gpt) are added after it, to the shard: rank *r* adds rows `s0:s1` of the
+# position table, so that table's gradient is partial on each rank, like a norm's gain: tag it.
+#
+# **The head starts from shards.** The final norm runs on the shard; the head is a column-parallel
+# layer (split by vocabulary, no bias) entered like any other: one all-gather along the sequence,
+# and logits `[B, S, V/n]` that stay split, for lab 4's vocab-parallel loss (given in
+# `workbook.tensor_parallel.mappings`, so this lab never depends on your lab 4).
+#
+# **After backward, one sync.** Every tagged parameter's gradient (norm gains and biases,
+# row-parallel biases, positions) is a partial sum; one all-reduce over the TP ranks makes each the
+# reference's. They are small (`6H` numbers per block), and a small collective costs mostly its
+# latency (lesson 3's link model), so they travel *together*, in one buffer, rather than one
+# collective per parameter.
+#
 # ## How much memory it saves
 #
 # Korthikanti et al. (§4) count the bytes one transformer layer keeps for backward (16-bit
@@ -196,6 +224,13 @@ print("rank 0's positions and rank 1's positions get different masks:",
 # in backward (Megatron overlaps that extra all-gather with the input-gradient matmul). The lab
 # keeps the gathered inputs instead, so its traffic stays exactly TP's and its memory is
 # `sbh (4 + 30/t + 5as/(ht))`. The defaults are GPT-3 175B with t = 8.
+#
+# Two details decide whether a real block meets this count. A *view* keeps its whole base
+# tensor alive: a rank's slice `mask[:, s0:s1]` of the full dropout mask, saved for backward by
+# the product it feeds, keeps the whole `[B, S, H]` mask, so copy the slice. And a gathered input
+# that is a transposed view is not contiguous: each of `W_q`, `W_k`, `W_v` flattens its input for
+# the matmul and would save its own contiguous copy, three where one would do; the all-gather
+# should hand back a contiguous tensor.
 
 # %%
 def activation_bytes(h, s, b, a, t):
@@ -383,20 +418,22 @@ mem
 #
 # Open `labs/sp.py` and replace each `raise NotImplementedError`:
 #
-# 1. `all_gather_sequence` and `reduce_scatter_sequence` (one `all_gather_into_tensor` /
-#    `reduce_scatter_tensor` on the sequence-first layout), and the two autograd functions that
-#    pair them forward and backward;
-# 2. `SPColumnParallelLinear` (gather, then the column slice) and `SPRowParallelLinear`
-#    (reduce-scatter, then the replicated bias, tagged with `mark_sequence_parallel`);
-# 3. `SPAttention`, `SPMLP`, `sp_norm`, and `SPBlock` with its sharded dropout;
-# 4. `SPEmbedding`, `SPModel` and `sync_sequence_parallel_grads`.
+# 1. the two collectives along the sequence and the two operators that pair them ("Two ways to
+#    shard one block", "Same bytes");
+# 2. the column- and row-parallel linears on shards ("Two ways to shard one block", "Two new
+#    duties");
+# 3. attention, MLP, the tagged norm and the block with its sharded dropout ("Two new duties",
+#    "How much memory it saves");
+# 4. the embedding, the model and the gradient sync ("The ends of the model").
+#
+# Each task's docstring is its spec; stuck, `workbook hint sp N` shows the next hint for task N.
 #
 # Run it with `workbook run sp --nproc 2 --link dgx-h100 --trace-dir runs/sp` (then open
 # `runs/sp/report.html`), and re-run the cells above to see your own timeline. The grader checks
 # your block and model against the single-device reference on several rank counts, reads the
 # all-gathers and reduce-scatters from your trace, and measures your activation memory against
 # what a TP block saves (predicted from the single-device block: lab 5 is graded on its own, and
-# the vocab-parallel loss it needs is given in `workbook/tp.py`).
+# the vocab-parallel loss it needs is given in `workbook.tensor_parallel.mappings`).
 
 # %%
 check_your_work("sp")

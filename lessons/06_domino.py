@@ -16,7 +16,8 @@
 # 2. the row (batch) split, and the two kinds of overlap it gives: inside a layer and across layers;
 # 3. the backward pass, where autograd sets the order, and how a no-op function steers it;
 # 4. the column split of `B`, as a contrast;
-# 5. a real 2-rank run on the simulated link, planned against measured, read from the trace.
+# 5. predicting, with a pencil, how much communication your schedule leaves exposed;
+# 6. a real 2-rank run on the simulated link, planned against measured, read from the trace.
 
 # %%
 import ipywidgets as W
@@ -118,6 +119,11 @@ plan_figure(vanilla, f"PLANNED vanilla TP — SIMULATED {PRESET}, {RANKS} ranks,
 # intra-layer-only variant) ends every layer with a `wait` event per chunk, so that no
 # all-reduce is in flight across a layer boundary.
 #
+# A chunk's forward all-reduce is started from inside the autograd graph (the lab's
+# `StartAllReduce`, Megatron's `g` made asynchronous), and it overwrites its input *in place*
+# after the function has returned. An autograd function that modifies an input in place must say
+# so (`ctx.mark_dirty`), or autograd may keep a stale view of it for the backward pass.
+#
 # The paper reports Domino up to 1.3× faster than Megatron-LM for GPT models (1.2× for Llama), and
 # close to the no-communication optimum in several settings. A port to nanotron measured over
 # 99% of the forward communication hidden on one node.
@@ -208,6 +214,56 @@ print(f"planned forward: column split {column.fwd_end * 1e3:.0f} ms, hides "
       f"{hidden_pct(domino, 'fwd'):.0f}%")
 plan_figure(column, f"PLANNED column split of B, p={P}, forward only — SIMULATED {PRESET}")
 
+
+# %% [markdown]
+# ## Predict before you run
+#
+# The planner replays a schedule; you can also reason it out with a pencil, and the lab asks you
+# to (`predict_exposed_ms`): how much communication does *your* Domino step leave exposed, that
+# is, how long does the link carry an all-reduce while the rank computes nothing?
+#
+# Two ingredients. **One chunk's all-reduce** costs what the alpha–beta model of lesson 2 ("The
+# alpha–beta model") says: the link's latency `α` (`link.latency_s`) plus the bytes the ring
+# moves over the bandwidth (`link.bandwidth_Bps`). A ring all-reduce moves the *bus* bytes, not
+# the payload: each byte of the message crosses the link `2(n−1)/n` times on `n` ranks. The
+# message is one chunk's partial sum: its rows of the batch, every token, every hidden feature, in
+# fp32. **One chunk's compute** of a stage is its FLOPs (lesson 7, "Compute: FLOPs of one layer";
+# `domino_plan.sublayer_flops` counts them the planner's way) over the measured matmul rate
+# (`link.local_flops`).
+#
+# Then the rule: an all-reduce is hidden when the computes between its start and its wait last at
+# least as long as it. Call a setting **compute-bound** when every chunk's compute of a stage (the
+# head's included) outlasts one chunk's all-reduce. There, an all-reduce with even one compute
+# between its start and its wait is hidden, and the question becomes a count: which all-reduces
+# have *no* compute between their start and their wait? The section on the backward pass counted
+# the units in between in the middle of a run of units (`p − 1 − lookahead` in the forward,
+# `lookahead` in the backward). Look at the *ends* of the runs, in both passes, and remember that
+# autograd runs the forward's order in reverse. Work it out for `inter_layer=True` and for
+# `inter_layer=False`, then compare with the planner below; the lab's grader does the same on
+# settings you do not know in advance.
+
+# %%
+demo = dict(model=dict(hidden=2048, heads=16, ffn_hidden=8192, n_layers=2, seq_len=256, vocab_size=8192),
+            batch=8, p=4, ranks=RANKS)
+demo_link = link.make_link(PRESET, 100e9)             # a fixed calibration: 100 GFLOP/s
+for name, settings in (("this lesson's model on this CPU", dict(model=MODEL, batch=BATCH, p=P, ranks=RANKS,
+                                                                  flops_rate=LOCAL, lk=SETUP["lk"])),
+                       ("a wider model at 100 GFLOP/s", dict(demo, flops_rate=100e9, lk=demo_link))):
+    shortest, one = domino_plan.chunk_seconds(**settings)
+    print(f"{name}: {'compute-bound' if shortest > one else 'NOT compute-bound'} (the shortest "
+          f"chunk compute of a stage is {shortest / one:.2f} x one chunk's all-reduce)")
+for inter in (True, False):
+    model_ms = domino_plan.exposed_ms(schedule, inter_layer=inter, flops_rate=100e9, lk=demo_link, **demo)
+    try:
+        mine_ms = f"{mine.predict_exposed_ms(demo_link, demo['model'], demo['batch'], demo['p'], RANKS, inter):.1f}"
+    except Exception as exc:                         # noqa: BLE001 - not written yet
+        mine_ms = f"- ({type(exc).__name__})"
+    print(f"inter_layer={inter}: planned exposed {model_ms:.1f} ms ({whose}); your prediction {mine_ms}")
+
+# %% [markdown]
+# Where the setting is not compute-bound (this lesson's own model on a CPU: the latency, scaled
+# up by the slow-motion calibration, makes small chunks' all-reduces long), the count is a lower
+# bound: the planner also charges the link time that queues behind computes too short to hide it.
 
 # %% [markdown]
 # ## Planned vs measured: a real run on 2 ranks
@@ -389,25 +445,31 @@ print("CUDA_DEVICE_MAX_CONNECTIONS =", os.environ.get("CUDA_DEVICE_MAX_CONNECTIO
 # %% [markdown]
 # ## Exercise: the `domino` lab
 #
-# Open `labs/domino.py` and replace each `raise NotImplementedError`, in this order:
+# Open `labs/domino.py`: its task list names what to build and where this lesson explains it;
+# each task's docstring is its contract. In the order of the file:
 #
-# 1. `HandleRegistry`: `put`, `start` (an all-reduce with `async_op=True`), `wait`, `check_empty`;
-# 2. `StartAllReduce.forward`: start a chunk's all-reduce in the forward pass;
-# 3. `AsyncCopyToTP.backward` (start the input gradient's all-reduce) and `WaitInBackward.backward`
-#    (wait for it);
-# 4. `schedule`: the order of the events, graded at once without ranks (the grader names the
+# 1. the handle registry (this lesson's "The handle registry");
+# 2. the forward start of a chunk's all-reduce, and the two backward functions that start and wait
+#    ("The row split", "The backward pass: steering autograd");
+# 3. `schedule`: the order of the events, graded at once without ranks (the grader names the
 #    first event out of place); the drawings above then show your order;
-# 5. the executor's events: `settle` (wait, finish), `prepare` (settle, norm, no-op) and
-#    `compute` (`f`, `A`, `B`, start), which `domino_forward` runs in your schedule's order;
-# 6. `column_split_forward`: the contrast, forward only.
+# 4. the executor's three events, which `domino_forward` runs in your schedule's order;
+# 5. `column_split_forward`: the contrast, forward only;
+# 6. `predict_exposed_ms`: the exposed communication of your step, before you run it ("Predict
+#    before you run").
+#
+# Stuck? `workbook hint domino N` shows the next of three hints for task N. At the `challenge`
+# level (`workbook assign --level challenge`) the start and wait functions, the schedule and the
+# executor are one task: a Domino layer written whole from their docstrings.
 #
 # Run it on the simulated link and open the report: `workbook run domino --nproc 2 --link
 # dgx-h100 --trace-dir runs/domino` (then `runs/domino/report.html`). The grader checks your
 # schedule against the orders that hide communication (several layer counts, `p` and
 # lookaheads); losses, hidden states and every gradient against the single-device reference
-# (TP 2 and 4, GPT and Llama, p = 2 and 4); that the registry is empty after each step; and, from
-# your trace, that at least 70% of the forward and 60% of the backward communication hides
-# behind compute.
+# (TP 2 and 4, GPT and Llama, p = 2 and 4); that the registry is empty after each step; your
+# prediction against the planner on several links and shapes; and, from your trace, that at
+# least 70% of the forward and 60% of the backward communication hides behind compute. The
+# report (`workbook run domino`) prints your prediction beside the planner's and the measurement.
 # `workbook bench domino` then compares vanilla TP, sequence-parallel TP, Domino and the
 # no-communication optimum on a larger model.
 

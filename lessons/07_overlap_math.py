@@ -434,10 +434,12 @@ fig
 #
 # ## Exercise: the `overlap_math` lab
 #
-# Open `labs/overlap_math.py` and write, in order: `linear_flops`, `layer_params`,
-# `layer_forward_flops`, `collective_time`, then `tp_layer`, `dp_layer`, `zero3_layer` and
-# `pp_stage`. Re-run this notebook: the messages about the reference go away and the figures'
-# titles name your file. The grader checks your numbers against hand-computed values, then runs
+# Open `labs/overlap_math.py`: its docstrings are the spec of each function, and this lesson's
+# sections derive every term ("Compute: FLOPs of one layer" for the FLOPs and the weights,
+# "Communication: bytes over bandwidth" for a collective's time and each strategy's row of the
+# table). Write the compute functions first, then the collective's time, then the four
+# strategies. Stuck? `workbook hint overlap_math N` shows one hint at a time. Re-run this
+# notebook: the messages about the reference go away and the figures' titles name your file. The grader checks your numbers against hand-computed values, then runs
 # 5 TP-like steps on 3 ranks of the simulated link and requires every all-reduce span in the
 # trace to last what your `collective_time` predicts (±2%) and the measured compute to be within
 # a factor of 3 of your prediction. Grade it with `workbook grade --lab overlap_math`, or below.

@@ -23,7 +23,8 @@
 # all-gather–matmul and matmul–reduce-scatter ops, the "collective matmul". This lesson covers:
 #
 # 1. the ring all-gather + GEMM, step by step, then traced from your code on 2 and 3 ranks;
-# 2. the GEMM + reduce-scatter ring, its chunked variant, and what stays exposed;
+# 2. the GEMM + reduce-scatter ring, its chunked variant, what stays exposed, and how to
+#    predict it before a run;
 # 3. *bulk* overlap in the backward pass;
 # 4. the benchmark: plain SP, the overlap variants and Domino on one model;
 # 5. when this beats Domino and when Domino wins, with a model to explore.
@@ -141,7 +142,8 @@ def ring_run(run_dir, impl, s=128, hidden=512, out=4096, batch=4):
         with record_function("ring"):
             y, x_full = lab.ring_all_gather_matmul(shards[r], w)
     wrong = not (torch.allclose(y, x_all @ w.T, rtol=1e-4, atol=1e-4) and torch.equal(x_full, x_all))
-    return {"order": seen, "wrong": wrong}
+    from workbook.link import current_link
+    return {"order": seen, "wrong": wrong, "flops": current_link().local_flops}
 
 
 impl, who = "labs", "your ring_all_gather_matmul"
@@ -214,7 +216,10 @@ trace.timeline_figure(ring3, title=f"SP all-gather, then {who}, 3 ranks — {lab
 #
 # $$\text{exposed}_\text{chunked} \approx t_\text{RS}(N/c) + (c-1)\,\max\big(0,\; t_\text{RS}(N/c) - t_g^{(c)}\big),$$
 #
-# which is one chunk, $1/c$ of the communication, even when the link is fast.
+# which is one chunk, $1/c$ of the communication, even when the link is fast. Which rows make a
+# piece? A reduce-scatter hands rank $r$ the $r$-th of $n$ equal parts of its input, so a piece
+# cannot be a run of consecutive positions: it must hold the same slice of *every* rank's shard,
+# and then its reduce-scatter returns a slice of this rank's own shard.
 #
 # The formula, fed with the numbers of your 2-rank trace: $t_g$ is the ring's compute divided by
 # $n$, and $t_c$ is the link's busy time divided by $n-1$. It is a rough check. The ranks share
@@ -227,6 +232,53 @@ for r in ring2.ranks:
     t_g, t_c = m.compute_us / 2e3, m.comm_us / 1e3
     print(f"rank {r}: t_g = {t_g:5.1f} ms, t_c = {t_c:5.1f} ms: predicted exposed "
           f"{max(0.0, t_c - t_g):5.1f} ms, traced {m.exposed_comm_us / 1e3:5.1f} ms")
+
+# %% [markdown]
+# ## Predict, then measure
+#
+# The lab asks you to predict, before any run, how much communication your ring all-gather +
+# GEMM leaves exposed, from the link's figures and the shapes alone
+# (`predict_ring_exposed_ms`). Everything the formula above needs is on the simulated link,
+# a `workbook.link.Link` (lesson 3 built it, lesson 7 used its figures):
+#
+# * $\alpha$, the latency each operation pays, and $1/\beta$, the bandwidth in bytes per
+#   second. One exchange is a send between two neighbours: it moves its bytes once (no bus
+#   factor: that belongs to collectives), one shard $[B, S/n, H]$ of them, so
+#   $t_c = \alpha + B\,\tfrac{S}{n}\,H\,e\;\beta$ with $e$ bytes per element.
+# * $F$, the compute rate the link was calibrated to (the local matmul rate, measured on this
+#   machine). One step multiplies one shard's $B\,S/n$ rows by the weight $[H_\text{out}, H]$:
+#   $2\,B\,\tfrac{S}{n}\,H\,H_\text{out}$ FLOPs (a multiply and an add per weight and row,
+#   lesson 7), so $t_g$ is that over $F$.
+# * The ring has $n-1$ steps with an exchange; each exposes $\max(0,\, t_c - t_g)$, never less
+#   than zero, because a step lasts as long as the slower of its two halves. Plain SP exposes
+#   its whole all-gather instead: $\alpha + \tfrac{n-1}{n}$ of the gathered bytes over the
+#   bandwidth.
+#
+# The calibration scales the bandwidth by $F$ and the latency by $1/F$, so the *ratio*
+# $t_c / t_g$ is the real machine's whatever this CPU's speed: the prediction says whether the
+# ring hides on an H100 node, in the CPU's slow motion. The cell below sets your prediction for
+# the traced ring above beside the model's. After your lab's checks, `workbook run tp_overlap`
+# prints the same three columns for your own ring: your prediction, the model, and the exposed
+# time measured in its trace, where launch costs, copies and a late peer add what the model
+# leaves out.
+
+# %%
+from workbook.grading.labs import load_lab
+from workbook.tensor_parallel.tp_overlap_report import modelled_ring_exposed_ms
+
+lk = link.make_link(PRESET, rings[2][0]["flops"])    # the link the 2 ranks above ran on
+shape = (2, 4, 2 * 128, 512, 4096)                   # ring_run's: n, batch, seq, hidden, out
+try:
+    yours = load_lab("tp_overlap").predict_ring_exposed_ms(lk, *shape)
+except NotImplementedError:
+    yours = None
+traced = [trace.overlap(ring2, rank=r, within="ring") for r in ring2.ranks]
+print(f"{lk.label}: alpha {lk.latency_s * 1e3:.1f} ms, bandwidth {lk.bandwidth_Bps / 1e6:.1f} MB/s")
+print(f"exposed by the 2-rank ring above: you predict "
+      f"{'- (predict_ring_exposed_ms is not written yet)' if yours is None else f'{yours:.1f} ms'}, "
+      f"the model gives {modelled_ring_exposed_ms(lk, *shape):.1f} ms, its trace shows "
+      f"{max((m.exposed_comm_us - m.skew_us) / 1e3 for m in traced):.1f} ms (the slower rank, "
+      f"a late peer excused)")
 
 # %% [markdown]
 # ## Bulk overlap in the backward pass
@@ -421,31 +473,23 @@ display(W.VBox([W.HBox([preset_w, p_w]), W.HBox([hidden_w, tokens_w]), model_out
 #
 # ## Exercise: the `tp_overlap` lab
 #
-# Open `labs/tp_overlap.py` and replace each `raise NotImplementedError`, in the order of its task
-# list:
-#
-# * task 1, `exchange`: one ring step, an `isend` to the next rank and an `irecv` from the
-#   previous one, in one `dist.batch_isend_irecv`;
-# * task 2, `ring_all_gather_matmul`: shard $(r-k) \bmod n$ at step $k$, its exchange in flight
-#   behind its GEMM (the traces above then show your ring);
-# * task 3, `ring_matmul_reduce_scatter`: the partial sum for shard $(r-k-1) \bmod n$, plus the
-#   running total, passed on;
-# * task 4, `chunked_matmul_reduce_scatter`: $c$ asynchronous reduce-scatters, each behind the
-#   next piece's GEMM;
-# * tasks 5–6, `ColumnParallelMatmul` and `RowParallelMatmul`: the forward pass as `Overlap`
-#   says, the backward pass with bulk overlap or the ring;
-# * tasks 7–8, `column_parallel_linear` (q, k, v, or gate and up, behind *one* all-gather) and
-#   `row_parallel_linear`;
-# * tasks 9–10, `OverlapAttention.forward` and `OverlapMLP.forward`. `OverlapBlock` puts them in
-#   the given `SequenceParallelBlock`.
+# Open `labs/tp_overlap.py`: its task list says what each task builds, its contract and the
+# section of this lesson that explains it. Work in order. The rings first (one ring step, the
+# all-gather + GEMM ring, the GEMM + reduce-scatter ring, then its chunked variant); then your
+# prediction of the ring's exposed communication ("Predict, then measure"); then the two
+# autograd functions of the linears, forward and backward under every `Overlap` variant; then
+# the linears, attention and the MLP, which the given `SequenceParallelBlock` puts together.
+# Stuck? `workbook hint tp_overlap N` shows the next hint for task N, one rung at a time: the
+# idea, the steps in words, then near-code.
 #
 # Check yourself with `workbook run tp_overlap --nproc 2 --link dgx-h100`, grade with
 # `workbook grade --lab tp_overlap`, and compare with SP and Domino with `workbook bench
 # tp_overlap`. The grader checks your ring ops exactly on 1–4 ranks and names any shard that lands
-# in the wrong place. It checks every variant's block against the single-device reference (GPT
-# and Llama, fp64 and fp32). From your trace on 2 and 3 ranks, it reads that each ring makes
-# $n-1$ send/recv pairs and no collective, and how much of the forward and backward
-# communication `pipelined+bulk` hides.
+# in the wrong place. It checks your prediction against the model on three links and shapes, and
+# names the term of a wrong derivation. It checks every variant's block against the
+# single-device reference (GPT and Llama, fp64 and fp32). From your trace on 2 and 3 ranks, it
+# reads that each ring makes $n-1$ send/recv pairs and no collective, and how much of the forward
+# and backward communication `pipelined+bulk` hides.
 
 # %%
 check_your_work("tp_overlap")

@@ -110,6 +110,37 @@ for name in VARIANTS:
     print(f"  {name:9s} {verdicts[name]}")
 
 # %% [markdown]
+# ### Building the buckets
+#
+# Naive DP waits for the whole backward pass and then sums each gradient over the ranks: a
+# collective sums, so each rank divides by $n$ once (before or after the sum: $\frac1n\sum g =
+# \sum \frac gn$) to get the mean. Bucketed DP does the same work in a few large pieces, each
+# started as early as the backward pass allows.
+#
+# * **Which parameters share a bucket.** The backward pass makes the gradients in the reverse
+#   of the order the forward pass used the parameters: the head's first, the embedding's last.
+#   So the buckets are filled walking the parameters *from the last one*: a bucket takes
+#   parameters while they fit under the cap, and closes the moment the next one would push it
+#   over; a parameter larger than the cap on its own gets a bucket to itself. Every bucket then
+#   holds gradients that become ready close together, and the first bucket is complete first.
+# * **One flat buffer per bucket.** If a bucket's gradients live side by side in one buffer
+#   (each parameter's gradient a view into it, as the given `FlatParameters` arranges), one
+#   collective averages the whole bucket in place, and the optimizer reads the result through
+#   the parameters without a copy. Zeroing the gradients before a step must then keep those
+#   views: zero the buffer, never drop the gradients.
+# * **When a bucket is complete.** Autograd can call you back *after* it has accumulated a
+#   parameter's gradient (a post-accumulate-grad hook, one per parameter). Count each bucket's
+#   gradients down from its size; when the count reaches zero, the bucket's buffer is final.
+# * **In which order buckets go out.** Every rank must issue the same collectives in the same
+#   order, or the ranks pair one bucket's all-reduce with another's. Hooks fire in an order
+#   autograd chooses, which need not be the bucket order, so a bucket that completes early
+#   waits until every bucket before it has gone out; each one completing may release several.
+# * **Asynchronous, then one wait.** Each all-reduce starts without blocking (an async
+#   collective returns a handle), so the backward pass keeps computing while the link carries
+#   it. After the backward pass, the sync checks that every bucket went out (a bucket that never
+#   completed means a parameter got no gradient) and waits on every handle: only after the wait
+#   is a buffer guaranteed to hold the average.
+#
 # ### One training step, naive and bucketed
 #
 # `lesson.training_step` runs on 2 ranks over the simulated DGX-H100 link (lesson 3: the CPU is
@@ -185,6 +216,54 @@ lesson.sweep_figure(rows, f"the bucket size, {dp_who} BucketedDP on 2 ranks — 
 # it waits for the whole backward pass; the best sizes lie in between. The measured points scatter
 # around the model because 2 ranks share 2 noisy cores.
 #
+# ### Predict the exposed tail
+#
+# Part of the traffic can never hide, whatever the link and the bucket size: the buckets that
+# hold a gradient of the *first* layer (the embedding). Its gradients are the last the backward
+# pass makes, and no compute follows them, so every bucket holding one of them (the last
+# bucket, and with a small cap and a model with two embedding tables, such as GPT's token and
+# position tables, the one before it too) starts only when the backward pass is over. If the
+# overlap condition holds, the link has carried every earlier bucket by then, and the exposed
+# time of the step is the time of these buckets' all-reduces.
+#
+# Each all-reduce costs what lessons 2 and 3 derived for the ring on the alpha-beta link: one
+# latency $\alpha$ per operation, plus its *bus* bytes over the bandwidth. An all-reduce of a
+# bucket of $S$ bytes is a reduce-scatter then an all-gather, each putting $\frac{n-1}{n}S$
+# bytes on the link per rank, so
+#
+# $$ T_\text{exposed} = \sum_{b\,\ni\,\text{first layer}}
+#    \Big(\alpha + \frac{2(n-1)}{n}\,\frac{S_b}{\text{bandwidth}}\Big), $$
+#
+# with $S_b$ the bytes of the *whole* bucket (its all-reduce carries every gradient in it, not
+# only the embedding's). On the simulated link, $\alpha$ and the bandwidth are the `Link`'s
+# latency and bandwidth fields (lesson 3), already in slow motion. The classic slips: the
+# payload $S$ instead of the bus bytes (they agree only at $n = 2$), $2S$ (the $\frac{n-1}{n}$
+# forgotten), $\alpha$ left out (it dominates small buckets), every bucket summed (all but these
+# hide), seconds instead of milliseconds. The lab's `predict_exposed_ms` asks for this figure
+# for your buckets; the grader checks it on three links and rank counts, and `workbook run
+# dp_overlap` prints your prediction beside the model and the measured exposed time.
+#
+# The cell computes the model's value for the bucketed step above, beside the exposed wait that
+# step measured (how long `finish_gradient_sync` waited after the backward pass).
+
+# %%
+from workbook.data_parallel.dp_overlap_report import exposed_tail
+
+sim_tail = link.make_link(PRESET, dp["bucketed"][0]["local_flops"])   # as the ranks calibrated it
+bucket_sizes = [sum(nbytes for _, nbytes in b) for b in dp["bucketed"][0]["buckets"]]
+first_layer_bytes = [sum(nbytes for layer, nbytes in b if layer == 0)
+                     for b in dp["bucketed"][0]["buckets"]]
+tail_ms, _ = exposed_tail(sim_tail, bucket_sizes, first_layer_bytes, 2)
+step_marks = dp["bucketed"][0]["steps"][0]["marks"]
+print(f"{sum(f > 0 for f in first_layer_bytes)} of {len(bucket_sizes)} buckets hold a first-layer "
+      f"gradient: model {tail_ms:.1f} ms exposed, measured wait "
+      f"{step_marks['sync_end'] - step_marks['backward_end']:.1f} ms ({label})")
+
+# %% [markdown]
+# The measured wait is usually longer: the model assumes the link is free when the backward
+# pass ends, and counts neither the launch of each collective nor the skew between the ranks;
+# where the overlap condition fails, the queue of earlier buckets adds to it.
+#
 # ## The overlap condition, predicted and measured
 #
 # The *Ultra-Scale Playbook* appendix (A3) states DP's overlap condition per step. The gradients,
@@ -242,9 +321,37 @@ lesson.condition_table(sim, dp["bucketed"], runs / "bucketed", pred_comm, pred_b
 # forward pass, one layer ahead of its use. Stage 1 of this lab keeps the full gradient buffer,
 # stage 2 frees each layer's after its reduce-scatter.
 #
+# ### The ZeRO step, layer by layer
+#
+# The lab's `ShardedTrainer` keeps each layer's parameters in one flat buffer padded to a
+# multiple of $n$ elements, so that it splits into $n$ equal slices; rank $r$ owns slice $r$, its
+# *shard*, and Adam holds and steps only the shards (one tensor per layer, a view of this rank's
+# slice). One step, per layer:
+#
+# * **Backward.** The moment a layer's gradients are all accumulated (the same counting hooks as
+#   the buckets), its flat gradient buffer is reduce-scattered without waiting: each rank
+#   receives the *sum* of its own slice over the ranks, straight into the gradient of its shard;
+#   divided by $n$ once, that is the average Adam must read. The sync after the backward pass
+#   waits for every layer's reduce-scatter; stage 2 then frees the layer's full gradient buffer
+#   (the shard's gradient is all the optimizer needs), stage 1 keeps it.
+# * **Optimizer.** Adam updates the shards. Now every layer's full parameters are out of date:
+#   the other ranks' slices changed. An all-gather of the shards into the flat buffer brings a
+#   layer back (its storage allocated again first, where it was freed); nothing may read a layer
+#   before its all-gather has completed.
+# * **Forward, one layer ahead.** Gathering everything at once would expose it all. Instead the
+#   first layer's all-gather starts at the end of the optimizer step (nothing else can hide it),
+#   and a hook before each layer's forward waits for that layer's gather (starting it if it was
+#   not yet under way) and then starts the *next* layer's, which the current layer's compute
+#   hides. A set of out-of-date layers keeps every gather to once per step.
+#
 # ZeRO-3 keeps only its shard of the parameters between steps, so each layer is gathered before
 # the forward pass uses it, freed, gathered *again* before the backward pass, and its gradients
-# reduce-scattered: 1.5 times DP's bytes. The head, where the backward pass starts, stays in place
+# reduce-scattered: 1.5 times DP's bytes. Autograd has no hook "before this layer's backward",
+# but the gradient of a layer's *output* arrives just before it: a tensor hook on the output,
+# registered when the forward pass produced it, marks that moment. There the layer's parameters
+# are gathered again (and waited for), its gradient buffer comes back zeroed for the backward
+# pass to add into, and the gather of the layer before it starts, one layer ahead in backward
+# order. Once the layer's gradients are reduce-scattered, its parameters are freed again. The head, where the backward pass starts, stays in place
 # between its forward and backward pass, which saves its second gather. The cell runs one step of
 # each ZeRO trainer and counts the bytes in the link's log (each op's buffer, and what crosses the
 # wire per rank: the buffer times the bus factor of lesson 2).
@@ -344,15 +451,17 @@ lesson.real_scale_panel(PRESET)
 #
 # * task 1, `NaiveDP.finish_gradient_sync`: average every gradient after the backward pass, one
 #   blocking all-reduce each;
-# * task 2, `make_buckets`: the parameters grouped, from the last to the first, into buckets of at
-#   most `bucket_bytes`;
-# * task 3, `BucketedDP`: a gradient hook per parameter that counts its bucket down and starts the
-#   bucket's asynchronous all-reduce, *in bucket order*, the moment it is complete; then wait
-#   for them all;
-# * task 4, `ShardedTrainer` (ZeRO-1/2): the per-layer reduce-scatter in the backward pass, Adam
-#   on this rank's shard, and the per-layer all-gather one layer ahead of the next forward pass;
-# * task 5, `Zero3`: free each layer after its forward pass, gather it again before its backward
-#   pass (prefetching the next one), reduce-scatter its gradients and free it.
+# * task 2, `make_buckets`: the parameters grouped into buckets ("Building the buckets");
+# * task 3, `BucketedDP`: each bucket averaged as soon as the backward pass completes it, in
+#   bucket order, behind the rest of the backward pass;
+# * task 4, `predict_exposed_ms`: before running it, the exposed tail of your buckets ("Predict
+#   the exposed tail");
+# * task 5, `ShardedTrainer` (ZeRO-1/2, "The ZeRO step, layer by layer");
+# * task 6, `Zero3` ("ZeRO-3: gather one layer ahead").
+#
+# Each task's docstring is its spec; if you are stuck, ask for a hint, one rung at a time:
+# `workbook hint dp_overlap TASK`. At the `challenge` level, `BucketedDP` is one task, its
+# bucketing included, written from its spec.
 #
 # Check yourself with `workbook run dp_overlap --nproc 2 --link dgx-h100`, grade with
 # `workbook grade --lab dp_overlap`, and compare the variants on a deeper model with `workbook
@@ -361,8 +470,9 @@ lesson.real_scale_panel(PRESET)
 # the whole batch, and compares the memory a rank holds with `predicted_memory`. From your trace
 # on 2 and 3 ranks it reads which collectives each pass ran, how many, and how many bytes. On the
 # simulated link it checks that each bucket's all-reduce starts as soon as its gradients are
-# ready, and that your buckets, ZeRO-2 and ZeRO-3 hide their share of the traffic. The figures
-# above redraw from your code as soon as it runs.
+# ready, and that your buckets, ZeRO-2 and ZeRO-3 hide their share of the traffic. It checks
+# your prediction at once, without ranks, on three links and rank counts. The figures above
+# redraw from your code as soon as it runs.
 
 # %%
 check_your_work("dp_overlap")

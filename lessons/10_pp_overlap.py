@@ -322,6 +322,47 @@ for p in (2, 4):
 # transfers fly while both stages wait, every time: the same period, nothing hidden. The hidden
 # share tells *where* the waiting falls; the step time tells what it costs.
 #
+# ### Predicting your step
+#
+# The lab's last task asks you to predict, *before* you run it, the step of your 1F1B with
+# overlapped p2p on the simulated link, then shows your number beside the model and the
+# measurement. Everything above is in units of one forward; the prediction is in milliseconds and
+# takes two steps.
+#
+# **One transfer.** The link is an alpha-beta model (lesson 3, "The link, and why it is simulated"): one operation
+# costs its latency $\alpha$ plus its bytes times $\beta$, one over the bandwidth. What crosses a
+# boundary is one activation (forward) or its gradient (backward), both $b \times S \times H$
+# elements, so
+#
+# $$ c = \alpha + \frac{b\,S\,H \cdot \text{itemsize}}{\text{bandwidth}} . $$
+#
+# Three classic slips: leaving $\alpha$ out (on the simulated link, a slowed-down copy of a real
+# one, the latency is a large part of a small transfer); counting elements instead of bytes; and
+# mixing seconds (the link's units) with milliseconds (the compute's).
+#
+# **The step.** With $t_f$, $t_b$ and $c$, play every stage's 1F1B actions on paper, exactly the
+# rules of `simulate` above: each action as soon as its stage is free and its input has arrived,
+# $c$ after the action that made it ended. Writing it out is worth doing once for two stages.
+# Without transfers the step is the textbook $(m + p - 1)(t_f + t_b)$; the round trip then adds,
+# on two stages, one transfer per micro-batch (two per pair of micro-batches, so $2\lceil m/2
+# \rceil$ in all):
+#
+# $$ T_{p=2} = (m + 1)(t_f + t_b) + 2 \left\lceil \tfrac{m}{2} \right\rceil c . $$
+#
+# On more stages the count of transfers on the critical path depends on how the round trips fall
+# (about $2(p-1)/p$ per micro-batch, plus the fill and the drain): there, playing your schedule is
+# the honest derivation. Neither the textbook step (no transfer at all) nor GPipe's $2(p-1)\,c$
+# (as if the steady state hid everything) is 1F1B's. The cell checks the two-stage form against
+# `simulate`, for a few $m$ and transfer costs in forwards:
+
+# %%
+for m in (2, 4, 7, 8):
+    for c in (0.25, 1.0, 4.0):
+        on_paper = simulate(stages_of("1f1b", 2, m), 1.0, 2.0, c).step
+        closed = (m + 1) * 3.0 + 2 * -(-m // 2) * c
+        print(f"p=2, m={m}, c={c:4}: simulate {on_paper:6.2f}, closed form {closed:6.2f}")
+
+# %% [markdown]
 # ### The blocking executor on paper
 #
 # `lesson.simulate_blocking` plays the blocking executor: after every action it waits until its
@@ -472,27 +513,31 @@ lesson.hidden_table(runs, TAKE, lesson.paper_hidden(stages_of("1f1b", STAGES, MI
 # ## 6. Exercise: the `pp_overlap` lab
 #
 # Open `labs/pp_overlap.py` and replace each `raise NotImplementedError`, in the order of its
-# task list:
+# task list; each task's docstring is its spec, and `workbook hint pp_overlap N` gives hints one
+# at a time if you are stuck:
 #
-# 1. `gpipe` (2 points): every forward, then every backward, in micro-batch order;
-# 2. `one_f_one_b` (5 points): $\min(p-1-s, m)$ warm-up forwards, then `F(w+j), B(j)` in turn,
-#    then the remaining backwards, oldest first;
-# 3. `BlockingExecutor` (10 points): `exchange` (post the send and the next action's receive,
-#    then wait for both), `take_received`, `forward_step` and `backward_step`;
-# 4. `OverlappedExecutor` (13 points): `post_receive`, `prefetch` (this action's receive, then
-#    the next one's, in that order: gloo matches a peer's messages to receives in the order they
-#    were posted), `take_received`, `exchange` (an `isend` kept until `finish`) and `finish`.
+# 1. `gpipe` (2 points) and 2. `one_f_one_b` (5 points): the schedules of section 2, as pure
+#    functions; section 3 says what the stages' lists must never do together;
+# 3. `BlockingExecutor` (10 points): one stage's steps on its rank, without the deadlock of
+#    section 3, "Two blocking sends";
+# 4. `OverlappedExecutor` (13 points): the same steps with the transfers travelling while the
+#    stage computes (sections 4 and 5); gloo matches a peer's messages to receives in the order
+#    they were posted, so the order in which you post them matters;
+# 5. `predict_step_ms` (3 points): section 4, "Predicting your step", before you run it.
 #
-# The given pieces are in `workbook/pipeline.py`: `PipelineStage`, `micro_batches`,
-# `check_schedule`, `simulate` and `StageExecutor`, whose `receive_for(k)` tells you which peer
-# and which buffer action `k` receives from.
+# The given pieces are in `workbook/pipeline_parallel/pipeline_parallel.py`: the stages, the
+# micro-batches, the schedule checker, the simulator and `StageExecutor`, the base class the
+# executors extend (read its `step`: it says which peer and buffer each action receives).
 #
-# Check yourself with `workbook run pp_overlap`, grade with `workbook grade --lab pp_overlap`.
-# The grader checks your schedules at once, without ranks (through `check_schedule` first); runs
-# each variant on 2 and 4 stages (GPT and Llama, fp64) against one device; counts the sends and
-# receives in your trace and their bytes; and on the simulated link checks the overlapped
-# executor's structure and the hidden share above. `workbook bench pp_overlap` measures the
-# variants against the no-communication step, beside `simulate`'s prediction.
+# Check yourself with `workbook run pp_overlap` (its report prints your prediction beside the
+# model and the measured step), grade with `workbook grade --lab pp_overlap`. The grader checks
+# your schedules at once, without ranks (a schedule that would hang is reported as a deadlock);
+# runs each variant on 2 and 4 stages (GPT and Llama, fp64) against one device; counts the
+# sends and receives in your trace and their bytes; on the simulated link checks the overlapped
+# executor's structure and the hidden share above; and compares your prediction with the model
+# on two links. `workbook bench pp_overlap` measures the variants against the no-communication
+# step, beside `simulate`'s prediction. An instructor may hand out the `challenge` level
+# instead: each executor is then one task, written whole from its class docstring.
 
 # %%
 check_your_work("pp_overlap")

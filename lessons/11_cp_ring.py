@@ -231,6 +231,34 @@ lesson.ratio_figure()
 lesson.hop_explorer()
 
 # %% [markdown]
+# ## Predict your exposed exchange
+#
+# The ratio above asks *whether* a hop hides. The lab's last task asks *how much* of the forward
+# pass's exchange stays exposed on your own ring, on the simulated link, before you run it (the
+# link is handed to you calibrated: its latency $\alpha$, its bandwidth $1/\beta$ and the compute
+# rate $F$ that a block's attention runs at). Three things decide it.
+#
+# * **What a hop carries and costs.** One buffer of K *and* V of a rank's $S/n$ positions,
+#   $b_\text{hop} = 2 B h \frac{S}{n} d\, e$ bytes, where $e$ is the bytes per element of the
+#   dtype (4 in fp32, 2 in bf16). Its send and its receive travel at once on the full-duplex link,
+#   so a hop takes $t_\text{hop} = \alpha + b_\text{hop}\,\beta$.
+# * **What a step computes.** In units of one *chunk-sized* block, $L \times L$ with $L = S/2n$
+#   on the zig-zag split, worth $4 B h L^2 d$ FLOPs ($QK^\top$ and $PV$): read it off the mask
+#   grid above. At step 0 a rank computes its two diagonal blocks and one full one; at every later
+#   step two full blocks, which is *half* of one $(S/n) \times (S/n)$ block: the zig-zag split
+#   halves the causal work of a step. The given `block_forward` computes a diagonal block whole
+#   and then masks it, so for the time on the clock a diagonal block counts as a whole one.
+# * **What shows.** Hop $t$ is posted before step $t$'s attention and waited for after it, so it
+#   shows only for what outlasts that attention, $\max(0,\; t_\text{hop} - t_\text{step}(t))$.
+#   Only the first $n-1$ steps have a hop behind them: the last step holds the last block and
+#   sends nothing. The forward pass's exposed exchange is the sum over those hops.
+#
+# The classic slips are each worth a factor: counting only K (half the bytes), a step as a full
+# $(S/n)^2$ block (twice the compute away from the diagonal), elements for bytes, a forgotten
+# $\alpha$, a hop at the last step, or the send and the receive added up. The grader names the one
+# your number matches. After the traced run below, the lesson prints your prediction beside the
+# model and the measurement.
+#
 # ## Your ring, on your ranks
 #
 # Now the lab itself, on 2 ranks over the simulated DGX-H100 link, in fp32 ($e = 4$). First a
@@ -246,7 +274,7 @@ for split, verdict in verdicts.items():
 IMPL, WHO = lf.whose_code(verdicts, verdicts)
 if IMPL == "solutions":
     print("Your ring attention does not run yet: what follows is the REFERENCE "
-          "(solutions/cp_ring.py). Finish tasks 1-5 of the lab and run these cells again.")
+          "(solutions/cp_ring.py). Finish tasks 1-6 of the lab and run these cells again.")
 
 # %% [markdown]
 # ### One step, traced
@@ -304,6 +332,16 @@ trace.timeline_figure(zz_run, title=f"the zig-zag step in the trace — {WHO} ri
 lesson.hidden_table(main)
 
 # %% [markdown]
+# Your prediction of the zig-zag forward pass's exposed exchange (the lab's last task) at this
+# step's shape and on the link as the ranks calibrated it, beside the model and the trace. The
+# model counts FLOPs at the calibrated *matmul* rate; the CPU's attention also spends time on
+# exponentials, the mask and memory traffic, so its steps last longer and hide more than the
+# model says: the measurement sits at or below the model.
+
+# %%
+lesson.prediction_table(main, mine, sim, S_MAIN, **RUN_SHAPE)
+
+# %% [markdown]
 # On 2 ranks the forward pass has a single hop, behind step 0's attention, and it hides
 # completely. The backward pass has three hops, and the last one cannot hide: two thirds of its
 # link time is the most it can hide on 2 ranks; with $n$ ranks, $2n-2$ hops of $2n-1$.
@@ -346,18 +384,21 @@ lesson.sweep_figure(rows, f"{WHO} ring attention, a sweep of S — "
 # ## Exercise: the `cp_ring` lab
 #
 # Open `labs/cp_ring.py` and replace each `raise NotImplementedError`, in the order of its task
-# list. The given pieces (`Layout`, `block_forward`, `block_backward`, `finish`,
+# list; `workbook hint cp_ring N` shows the hints of task N one rung at a time (the idea, then the
+# steps, then near-code). The given pieces (`Layout`, `block_forward`, `block_backward`, `finish`,
 # `start_ring_exchange`) are in `workbook/context_parallel.py`; read its docstring first.
 #
 # * task 1, `merge_partials`: the online-softmax merge of two partials, each side rescaled to the
 #   common maximum;
 # * tasks 2 and 3, `block_mask` and `block_pairs`: skip, diagonal or full for a pair of chunks,
 #   and the blocks a rank computes while it holds another rank's K/V;
-# * task 4, `ring_attention_forward`: $n$ steps, each posting the next hop *before* its
-#   attention and waiting for it after; the partials merged per query chunk, then finished;
-# * task 5, `RingAttention.backward`: the ring again, dQ added up locally, the dK/dV sums riding
-#   one step behind their K/V and one last hop home;
-# * task 6, `zigzag_layout`: rank $r$ holds chunks $r$ and $2n-1-r$.
+# * task 4, `ring_attention_forward`: the ring forward, each hop travelling behind a step's
+#   attention;
+# * task 5, `RingAttention.backward`: the ring backward, every dK/dV sum ending on its owner;
+# * task 6, `zigzag_layout`: one early and one late chunk a rank, the same causal work on every
+#   rank;
+# * task 7, `predict_forward_exposed_ms`: your prediction of the forward pass's exposed exchange,
+#   from "Predict your exposed exchange".
 #
 # Check yourself with `workbook run cp_ring`, grade with `workbook grade --lab cp_ring`, and
 # compare splits and lengths with `workbook bench cp_ring`. The grader checks the merge (the

@@ -1,49 +1,28 @@
-"""Lab 1 — collectives: first use the eight built-ins, then rebuild each from point-to-point.
+"""Lab 1 — collectives: use the eight built-in collectives, then build each from messages.
 
-A collective is a pattern of messages that every rank of a group takes part in. Here the
-group has n ranks, the data is a tensor of S bytes, and "a message" is one send matched by
-one receive. Part 1 (``use_builtins``) calls ``torch.distributed``'s own collectives; part 2
-builds the same results with nothing but ``dist.send / recv / isend / irecv``.
+Part 1 (``use_builtins``) calls ``torch.distributed``'s own collectives once each. Part 2 builds
+the same results again with nothing but point-to-point messages: a naive and a binomial-tree
+broadcast and reduce, an all-reduce, gather, scatter, all-gather, reduce-scatter and a barrier.
+Lesson 1 (``lessons/01_collectives.py``) explains what each collective does and, in its
+section "Building them from messages", how each build works and what it costs. Each task's
+docstring below is its spec; ``workbook hint collectives N`` shows hints for task N, one at a
+time.
 
-What each build costs (the root is ``src``/``dst``; L = ceil(log2 n)):
-
-=================  ======================================  ==========  =====================
-build              who sends what                          rounds      busiest rank moves
-=================  ======================================  ==========  =====================
-broadcast (naive)  root -> each other rank, S bytes        n - 1       root sends (n-1) S
-tree_broadcast     binomial tree: holders double per round L           root sends L S
-reduce (naive)     each other rank -> root, S bytes        n - 1       root receives (n-1) S
-tree_reduce        binomial tree, partial results upward   L           root receives L S
-all_reduce         tree_reduce to 0, then tree_broadcast   2 L         2 L S
-gather / scatter   root <-> each other rank, its own chunk n - 1       root (n-1)/n S
-all_gather         every rank -> every other, its chunk    n - 1       (n-1)/n S out, same in
-reduce_scatter     every rank -> rank j, the j-th chunk    n - 1       (n-1)/n S out, same in
-barrier            dissemination: round k, to rank r+2^k   L           L one-element messages
-=================  ======================================  ==========  =====================
-
-Both trees send n - 1 messages in total, like the naive versions; they win by spreading the
-sends over many senders, so the root's n - 1 sequential messages become L rounds. The
-bandwidth-optimal all-reduce (a ring, 2(n-1)/n S per rank) is the next lab.
-
-nccl-tests turns a measured time t into bandwidths as algbw = S / t and busbw = algbw * f,
-with f = 2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter (S = the full
-n-rank buffer) and 1 for broadcast and reduce: busbw is the rate a rank's busiest link ran
-at, comparable across n. ``workbook bench`` prints both for these builds.
-
-Conventions of the builds
--------------------------
+Conventions of the builds (every task relies on them)
+-----------------------------------------------------
 * Tensors are changed in place, as in torch.distributed; each build also returns its result.
-* ``op`` is ``dist.ReduceOp.SUM``, ``MAX`` or ``MIN``; ``combine(acc, other, op)`` (given, from
-  ``workbook.communication.reduce_ops``) applies it in place: ``acc <- acc (op) other``.
-* Chunks: ``all_gather`` and ``reduce_scatter`` view a flat buffer of K elements as
-  ``torch.tensor_split(buffer, n)``: the first K % n chunks have one element more than the
-  others (K = 10, n = 4 gives 3, 3, 2, 2). Rank r owns chunk r. That is the rule of
-  ``chunk_views``; the built-ins need K divisible by n, the builds do not.
-* Only point-to-point calls are allowed in part 2: the grader's flight recorder fails any
-  build that calls a collective (``dist.broadcast``, ``dist.barrier``, ...).
+* ``op`` is ``dist.ReduceOp.SUM``, ``MAX`` or ``MIN``; the given ``combine(acc, other, op)``
+  (from ``workbook.communication.reduce_ops``) applies it in place: ``acc <- acc (op) other``.
+* Chunks: the all-gather and the reduce-scatter cut a flat buffer of K elements into n chunks
+  with the given ``chunk_views`` (``torch.tensor_split``'s rule: the first K % n chunks have one
+  element more); rank r owns chunk r. The built-ins need K divisible by n, the builds do not.
+* Part 2 may only send point-to-point messages (blocking or not): the grader's flight recorder
+  fails any build that calls a collective (``dist.broadcast``, ``dist.barrier``, ...). The
+  grader also counts the messages and, for the trees, the rounds.
 
 Run it: ``workbook run collectives`` (the grader's checks, then what each build sent),
 ``python labs/collectives.py --nproc 3`` or ``torchrun --nproc_per_node=4 labs/collectives.py``.
+Grade it: ``workbook grade --lab collectives``.
 """
 from __future__ import annotations
 
@@ -60,6 +39,7 @@ def chunk_views(buffer: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
 
 
 def wait_all(works) -> None:
+    """Wait for every handle of a non-blocking send or receive in ``works``."""
     for work in works:
         work.wait()
 
@@ -71,12 +51,26 @@ def _device() -> torch.device:
 
 # --------------------------------------------------------------------------- part 1: use them
 def use_builtins(root: int = 0) -> dict:
-    """Call each built-in once; return what this rank holds afterwards (as lists).
+    """Call each of the eight built-in collectives once; return what this rank holds afterwards.
 
-    Rank r starts from ``x = [r+1, r+1, r+1]``. Predict every entry before you run it:
-    broadcast from ``root``; reduce (sum) to ``root`` (key present on the root only);
-    all_reduce (max); gather to ``root`` (root only); all_gather; scatter from ``root`` of
-    ``[10*j, 10*j, 10*j]`` to rank j; reduce_scatter_tensor (sum) of ``arange(3n) + r``; barrier.
+    Lesson 1 runs every one of them, before and after, in its sections from "Broadcast and
+    reduce" to "Barrier": predict each value before you run it.
+
+    Contract: each collective starts from a fresh input (the given helper below: rank r holds
+    three float32 values r + 1), the root is the argument of that name, and the result is a
+    dict with one entry per collective, keyed by the collective's name as written below with
+    its hyphen turned into an underscore, the value being what this rank holds afterwards as
+    (nested) Python lists of floats:
+
+    * broadcast, from the root;
+    * reduce, the sum, to the root (an entry on the root only);
+    * all-reduce, the maximum;
+    * gather, to the root (an entry on the root only: one list per rank, in rank order);
+    * all-gather (one list per rank, in rank order);
+    * scatter, from the root, whose piece for rank j is three float32 values 10 j;
+    * reduce-scatter, the sum, of a 3n-element input holding 0, 1, ..., 3n - 1 plus the rank
+      (each rank keeps its three elements);
+    * barrier (the value True once it has returned).
     """
     rank, n = dist.get_rank(), dist.get_world_size()
     dev = _device()
@@ -84,7 +78,19 @@ def use_builtins(root: int = 0) -> dict:
     def x():                                                     # float32[3], fresh each time
         return torch.full((3,), float(rank + 1), device=dev)
     out: dict = {}
-    ### BEGIN SOLUTION hint: one dist.<collective> call per key; store t.tolist() in out[key]
+    ### BEGIN SOLUTION
+    ### hint 1: one built-in call per entry, each on a fresh input; lesson 1's cell that runs one
+    ###     collective on every rank (just before "Broadcast and reduce") calls every one of them
+    ### hint 2: for each collective, make its input (and, for those that fill one, an output
+    ###     buffer or a list of n receive buffers), call the built-in with the root and the
+    ###     reduction it asks for, then store what the rank holds, converted to lists; the
+    ###     rooted ones take their list on the root only; the reduce-scatter takes the whole
+    ###     input tensor and a three-element output
+    ### hint 3: t = x(); dist.broadcast(t, src=root); out["broadcast"] = t.tolist(); likewise
+    ###     dist.reduce(t, dst=root, op=SUM) (store on the root only), dist.all_reduce(t, op=MAX),
+    ###     dist.gather(x(), bucket, dst=root), dist.all_gather(bucket, x()),
+    ###     dist.scatter(t, parts, src=root),
+    ###     dist.reduce_scatter_tensor(t, torch.arange(3.0 * n) + rank), dist.barrier()
     t = x()
     dist.broadcast(t, src=root)
     out["broadcast"] = t.tolist()
@@ -116,10 +122,21 @@ def use_builtins(root: int = 0) -> dict:
 
 
 # --------------------------------------------------------------------------- part 2: build them
+### BEGIN CHALLENGE: broadcast and reduce, naive and by tree, and the tree all-reduce
 def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """Naive broadcast: the root sends its tensor to each of the n-1 others (n-1 rounds)."""
+    """Naive broadcast: afterwards every rank's tensor holds the root's; return it.
+
+    The root (the source rank) sends straight to every other rank: lesson 1, "Building them
+    from messages", section "Naive: everyone talks to the root". Contract: n - 1 messages in
+    all, each non-root rank receiving exactly one, from the root; point-to-point only."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    ### BEGIN SOLUTION hint: the root isends to every other rank; everyone else receives once
+    ### BEGIN SOLUTION
+    ### hint 1: only the root holds the data, so it is the only sender; lesson 1, "Naive:
+    ###     everyone talks to the root"
+    ### hint 2: on the root, start one non-blocking send of the tensor to each other rank, then
+    ###     wait for all of them; on every other rank, receive once from the root into the tensor
+    ### hint 3: root: wait_all([dist.isend(tensor, dst=peer) for peer in range(n) if peer != src]);
+    ###     others: dist.recv(tensor, src=src)
     if rank == src:
         wait_all([dist.isend(tensor, dst=peer) for peer in range(n) if peer != src])
     else:
@@ -129,14 +146,26 @@ def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
 
 
 def tree_broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """Binomial-tree broadcast: in round k every holder v < 2^k sends to v + 2^k.
+    """Binomial-tree broadcast: the naive broadcast's result, in ceil(log2 n) rounds; return
+    the tensor.
 
-    Positions are relative to the root, ``v = (rank - src) % n``, so any root works. After
-    round k the first 2^(k+1) positions hold the data: ceil(log2 n) rounds, n-1 messages.
-    """
+    Lesson 1, "Building them from messages", section "Trees: ⌈log2 n⌉ rounds". Contract: any
+    root (the source rank); n - 1 messages in all, each non-root rank receiving exactly one;
+    the root sends at most ceil(log2 n) messages and the whole broadcast takes at most
+    ceil(log2 n) rounds (the grader counts both); point-to-point only."""
     rank, n = dist.get_rank(), dist.get_world_size()
     v = (rank - src) % n                                  # my position in the tree, root = 0
-    ### BEGIN SOLUTION hint: rounds with a doubling mask; in each, v says: send (if the partner exists), receive or sit out
+    ### BEGIN SOLUTION
+    ### hint 1: the holders double every round, and a position decides its part from its own
+    ###     number and the round's distance alone; lesson 1, "Trees: ⌈log2 n⌉ rounds" (the
+    ###     six-rank table)
+    ### hint 2: loop over distances 1, 2, 4, ... while below n; in each round a position below
+    ###     the distance sends to the position one distance above (if that is below n), a
+    ###     position from the distance up to twice it receives from one distance below, every
+    ###     other position sits out; turn a position back into a rank by adding the root, mod n
+    ### hint 3: mask = 1; while mask < n: if v < mask and v + mask < n: dist.send(tensor,
+    ###     dst=(v + mask + src) % n); elif mask <= v < 2 * mask: dist.recv(tensor,
+    ###     src=(v - mask + src) % n); mask *= 2
     mask = 1
     while mask < n:
         if v < mask and v + mask < n:
@@ -149,11 +178,23 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
 
 
 def reduce(tensor: torch.Tensor, dst: int = 0, op=SUM) -> torch.Tensor:
-    """Naive reduce: every rank sends to the root, which combines n-1 messages in turn.
+    """Naive reduce: afterwards the root's tensor holds the reduction (sum, max or min, as
+    asked) of every rank's tensor; every other rank's tensor is unchanged. Return the tensor.
 
-    Only the root's tensor changes; the others keep their input."""
+    Every other rank sends straight to the root (the destination rank), which combines what
+    arrives: lesson 1, "Naive: everyone talks to the root". Contract: n - 1 messages in all,
+    each non-root rank sending exactly one, to the root; point-to-point only; the reduction is
+    applied with the given combiner (module docstring, "Conventions")."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    ### BEGIN SOLUTION hint: the root receives into a scratch buffer and combine()s; others send
+    ### BEGIN SOLUTION
+    ### hint 1: the root receives n - 1 messages and folds each into its own tensor; lesson 1,
+    ###     "Naive: everyone talks to the root"
+    ### hint 2: a receive overwrites its buffer, so the root needs a scratch buffer like the
+    ###     tensor: for each other rank in turn, receive into it, then combine it into the
+    ###     tensor; every other rank sends its tensor to the root once
+    ### hint 3: root: incoming = torch.empty_like(tensor); for each peer != dst:
+    ###     dist.recv(incoming, src=peer); combine(tensor, incoming, op);
+    ###     others: dist.send(tensor, dst=dst)
     if rank == dst:
         incoming = torch.empty_like(tensor)
         for peer in range(n):
@@ -167,14 +208,30 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op=SUM) -> torch.Tensor:
 
 
 def tree_reduce(tensor: torch.Tensor, dst: int = 0, op=SUM) -> torch.Tensor:
-    """Binomial-tree reduce, the broadcast tree run backwards: ceil(log2 n) rounds.
+    """Binomial-tree reduce: the naive reduce's result, in ceil(log2 n) rounds; return the
+    tensor.
 
-    In round k (mask = 2^k) a position v with ``v % (2 mask) == mask`` sends its partial result
-    to v - mask and is done; a position with ``v % (2 mask) == 0`` receives from v + mask (if
-    that exists) and combines. Non-root ranks keep their input (they work on a copy)."""
+    Lesson 1, "Trees: ⌈log2 n⌉ rounds", the second table: the broadcast tree run backwards.
+    Contract: any root (the destination rank); only the root's tensor changes, every other
+    rank's keeps its input; each non-root rank sends exactly one message, n - 1 in all; the
+    root receives at most ceil(log2 n) and the whole reduce takes at most ceil(log2 n) rounds
+    (the grader counts both); point-to-point only; reductions with the given combiner."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    v = (rank - dst) % n
-    ### BEGIN SOLUTION hint: accumulate into a copy (the root: into tensor); send once, then stop
+    v = (rank - dst) % n                                  # my position in the tree, root = 0
+    ### BEGIN SOLUTION
+    ### hint 1: partial results flow towards the root, smallest distance first, and a position
+    ###     that has sent its partial result is done; lesson 1, "Trees: ⌈log2 n⌉ rounds" (the
+    ###     reduce table)
+    ### hint 2: accumulate into a buffer of your own (the root: its tensor; the others: a
+    ###     copy), with a scratch buffer to receive into; loop over distances 1, 2, 4, ... while
+    ###     below n: an odd multiple of the distance sends its partial result one distance down
+    ###     and leaves the loop; an even multiple receives from one distance up, if that
+    ###     position exists, and combines it in
+    ### hint 3: partial = tensor if rank == dst else tensor.clone(); incoming =
+    ###     torch.empty_like(tensor); mask = 1; while mask < n: if v % (2 * mask) == mask:
+    ###     dist.send(partial, dst=(v - mask + dst) % n); break; if v + mask < n:
+    ###     dist.recv(incoming, src=(v + mask + dst) % n); combine(partial, incoming, op);
+    ###     mask *= 2
     partial = tensor if rank == dst else tensor.clone()
     incoming = torch.empty_like(tensor)
     mask = 1
@@ -191,21 +248,41 @@ def tree_reduce(tensor: torch.Tensor, dst: int = 0, op=SUM) -> torch.Tensor:
 
 
 def all_reduce(tensor: torch.Tensor, op=SUM) -> torch.Tensor:
-    """All-reduce as tree_reduce to rank 0 followed by tree_broadcast from rank 0 (2 L rounds).
+    """All-reduce: afterwards every rank's tensor holds the reduction (sum, max or min, as
+    asked) of every rank's tensor; return it.
 
-    Latency-friendly (few rounds) but every message carries all S bytes; the ring of the next
-    lab moves only 2(n-1)/n S per rank."""
-    ### BEGIN SOLUTION hint: two of your builds above, one after the other
+    The latency-friendly all-reduce of lesson 1, end of "Trees: ⌈log2 n⌉ rounds": two of the
+    builds above, 2 ceil(log2 n) rounds of whole-tensor messages. Contract: point-to-point
+    only."""
+    ### BEGIN SOLUTION
+    ### hint 1: all-reduce = reduce to one rank, then broadcast from it; lesson 1, end of
+    ###     "Trees: ⌈log2 n⌉ rounds"
+    ### hint 2: run your tree reduce with the reduction asked for to rank 0, then your tree
+    ###     broadcast from rank 0, both on the tensor itself
+    ### hint 3: tree_reduce(tensor, dst=0, op=op); tree_broadcast(tensor, src=0)
     tree_reduce(tensor, dst=0, op=op)
     tree_broadcast(tensor, src=0)
     ### END SOLUTION
     return tensor
+### END CHALLENGE
 
 
 def gather(tensor: torch.Tensor, gather_list: list | None = None, dst: int = 0):
-    """The root receives rank p's tensor into ``gather_list[p]`` (its own is copied)."""
+    """Gather: afterwards entry p of the root's list holds rank p's tensor (the root's own
+    entry included); return the list.
+
+    The list is given, and filled, on the root (the destination rank) only. Lesson 1, "Naive:
+    everyone talks to the root". Contract: n - 1 messages in all, each non-root rank sending
+    exactly one, to the root; point-to-point only."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    ### BEGIN SOLUTION hint: the root posts one irecv per peer, then waits; others send
+    ### BEGIN SOLUTION
+    ### hint 1: each rank's data has its own place in the root's list, so the root can receive
+    ###     from everyone at once; lesson 1, "Naive: everyone talks to the root"
+    ### hint 2: on the root, copy its own tensor into its entry, start one non-blocking receive
+    ###     per other rank straight into that rank's entry, and wait for them all; every other
+    ###     rank sends its tensor to the root
+    ### hint 3: root: gather_list[dst].copy_(tensor); wait_all([dist.irecv(gather_list[peer],
+    ###     src=peer) for peer != dst]); others: dist.send(tensor, dst=dst)
     if rank == dst:
         gather_list[dst].copy_(tensor)
         wait_all([dist.irecv(gather_list[peer], src=peer) for peer in range(n) if peer != dst])
@@ -216,9 +293,19 @@ def gather(tensor: torch.Tensor, gather_list: list | None = None, dst: int = 0):
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list | None = None, src: int = 0) -> torch.Tensor:
-    """The root sends ``scatter_list[p]`` to rank p, which receives it into ``tensor``."""
+    """Scatter: afterwards rank p's tensor holds entry p of the root's list; return the tensor.
+
+    The list is given on the root (the source rank) only. Lesson 1, "Naive: everyone talks to
+    the root". Contract: n - 1 messages in all, each non-root rank receiving exactly one, from
+    the root; point-to-point only."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    ### BEGIN SOLUTION hint: gather backwards
+    ### BEGIN SOLUTION
+    ### hint 1: the gather run backwards; lesson 1, "Naive: everyone talks to the root"
+    ### hint 2: on the root, copy its own entry into its tensor, start one non-blocking send of
+    ###     entry p to each other rank p, and wait for them all; every other rank receives once
+    ###     from the root into its tensor
+    ### hint 3: root: tensor.copy_(scatter_list[src]); wait_all([dist.isend(scatter_list[peer],
+    ###     dst=peer) for peer != src]); others: dist.recv(tensor, src=src)
     if rank == src:
         tensor.copy_(scatter_list[src])
         wait_all([dist.isend(scatter_list[peer], dst=peer) for peer in range(n) if peer != src])
@@ -229,13 +316,24 @@ def scatter(tensor: torch.Tensor, scatter_list: list | None = None, src: int = 0
 
 
 def all_gather(output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
-    """Every rank ends with every chunk: ``chunk_views(output, n)[p]`` = rank p's ``input``.
+    """All-gather: afterwards every rank's output holds every rank's input, rank p's in chunk p
+    of the output (the chunks of the conventions); return the output.
 
-    Direct exchange: each rank sends its chunk to the n-1 others and receives theirs straight
-    into the matching view of ``output`` (no extra copies)."""
+    Lesson 1, "Building them from messages", section "Direct exchange: all-gather and
+    reduce-scatter". Contract: the output has K elements and rank p's input as many as chunk
+    p; every rank exchanges directly with every other, all messages in flight at once, and
+    receives straight into the output (no extra buffers); point-to-point only."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    chunks = chunk_views(output, n)                       # n views; rank p's has input.numel()
-    ### BEGIN SOLUTION hint: copy your own chunk, then one isend and one irecv per peer
+    chunks = chunk_views(output, n)                       # view p: where rank p's input goes
+    ### BEGIN SOLUTION
+    ### hint 1: one round in which every pair of ranks trades its chunks; lesson 1, "Direct
+    ###     exchange: all-gather and reduce-scatter"
+    ### hint 2: copy your input into your own view of the output; then, for every other rank,
+    ###     start a non-blocking send of your view to it and a non-blocking receive from it into
+    ###     its view; wait for all of them at the end
+    ### hint 3: chunks[rank].copy_(input.view(-1)); for each peer != rank:
+    ###     works += [dist.isend(chunks[rank], dst=peer), dist.irecv(chunks[peer], src=peer)];
+    ###     wait_all(works)
     chunks[rank].copy_(input.view(-1))
     works = []
     for peer in range(n):
@@ -248,13 +346,25 @@ def all_gather(output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM) -> torch.Tensor:
-    """Rank r ends with chunk r of the reduction of every rank's ``input`` (K elements).
+    """Reduce-scatter: afterwards rank r's output holds chunk r of the reduction (sum, max or
+    min, as asked) of every rank's input; return the output.
 
-    ``output`` has ``chunk_views(input, n)[r].numel()`` elements. Each rank sends chunk p of
-    its input to rank p and combines the n-1 chunks r it receives with its own."""
+    Lesson 1, "Direct exchange: all-gather and reduce-scatter". Contract: the input has K
+    elements, cut into the chunks of the conventions, and stays unchanged; the output has as
+    many elements as chunk r; every rank exchanges directly with every other, all messages in
+    flight at once; point-to-point only; reductions with the given combiner."""
     rank, n = dist.get_rank(), dist.get_world_size()
     chunks = chunk_views(input, n)
-    ### BEGIN SOLUTION hint: one scratch buffer per peer, so all receives can be in flight at once
+    ### BEGIN SOLUTION
+    ### hint 1: one round in which every pair of ranks trades chunks, then each rank reduces
+    ###     what it received; lesson 1, "Direct exchange: all-gather and reduce-scatter"
+    ### hint 2: start from a copy of your own chunk of the input in the output; give every
+    ###     other rank a scratch buffer of its own (all receives are in flight together), send
+    ###     each other rank p chunk p of your input and receive its chunk for you into its
+    ###     scratch buffer, wait for everything, then combine the buffers into the output
+    ### hint 3: mine = output.view(-1); mine.copy_(chunks[rank]); scratch = {peer:
+    ###     torch.empty_like(mine) for peer != rank}; isend(chunks[peer], dst=peer) and
+    ###     irecv(scratch[peer], src=peer) for each; wait_all; combine(mine, scratch[peer], op)
     mine = output.view(-1)
     mine.copy_(chunks[rank])
     scratch = {peer: torch.empty_like(mine) for peer in range(n) if peer != rank}
@@ -270,13 +380,21 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM) -> torch.T
 
 
 def barrier() -> None:
-    """Dissemination barrier: in round k rank r tells r + 2^k and hears from r - 2^k.
+    """Dissemination barrier: no rank returns before every rank has entered it.
 
-    After round k a rank has (indirectly) heard from the 2^(k+1) ranks before it, so after
-    ceil(log2 n) rounds it knows everyone has arrived."""
+    Lesson 1, "Building them from messages", section "The dissemination barrier". Contract:
+    ceil(log2 n) rounds, each rank sending one one-element message per round (the two given
+    buffers below: one to send, one to receive into); point-to-point only."""
     rank, n = dist.get_rank(), dist.get_world_size()
     token, heard = torch.zeros(1, device=_device()), torch.zeros(1, device=_device())
-    ### BEGIN SOLUTION hint: isend the token, recv from the other side, then wait for the send
+    ### BEGIN SOLUTION
+    ### hint 1: in the round of distance d a rank tells the rank d after it and hears from the
+    ###     rank d before it; lesson 1, "The dissemination barrier"
+    ### hint 2: loop over distances 1, 2, 4, ... while below n; in each round start a
+    ###     non-blocking send of the token to the rank one distance after you (mod n), receive
+    ###     from the rank one distance before you, then wait for your send
+    ### hint 3: step = 1; while step < n: sent = dist.isend(token, dst=(rank + step) % n);
+    ###     dist.recv(heard, src=(rank - step) % n); sent.wait(); step *= 2
     step = 1
     while step < n:
         sent = dist.isend(token, dst=(rank + step) % n)

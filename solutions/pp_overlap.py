@@ -1,54 +1,63 @@
 """Lab `pp_overlap`: pipeline parallelism, its point-to-point traffic hidden in the steady state.
 
-Lesson 10 (``lessons/10_pp_overlap.py``) explains it. Rank s holds stage s, a run of consecutive
-layers of the reference model; the batch is cut into ``m`` micro-batches that flow forward
-through the stages and back. You write, in order:
+Lesson 10 (``lessons/10_pp_overlap.py``) explains everything this lab builds. Rank s holds stage
+s, a run of consecutive layers of the reference model; the batch is cut into ``m`` micro-batches
+that flow forward through the stages and back. You build, in order:
 
-1. the schedules, as pure functions graded at once without ranks: ``gpipe`` (every forward, then
-   every backward: Huang et al. 2019, arXiv 1811.06965) and ``one_f_one_b`` (a few forwards to
-   fill the pipeline, then one forward and one backward in turn, then the drain: PipeDream-Flush,
-   Narayanan et al. 2021, arXiv 2104.04473); both idle ``(p - 1) / (m + p - 1)`` of the time, but
-   1F1B keeps at most ``p - s`` micro-batches' activations on stage s, not ``m``;
-2. ``BlockingExecutor``: one stage's forward and backward steps, every transfer waited for as
-   soon as it is posted (a send and the next receive posted together, or neighbours would wait
-   for each other for ever);
-3. ``OverlappedExecutor``: the receive of the next action's input posted *before* the current
-   action computes, and every send left in flight (``isend``) until the step ends, so the
-   steady state's transfers travel while the stage computes (what NeMo does by default).
+1. the two schedules, as pure functions graded at once without ranks: GPipe (Huang et al. 2019,
+   arXiv 1811.06965) and 1F1B (PipeDream-Flush, Narayanan et al. 2021, arXiv 2104.04473);
+2. ``BlockingExecutor``: one stage's steps on its rank, every transfer waited for before the
+   stage moves on, and no deadlock;
+3. ``OverlappedExecutor``: the same steps with the steady state's transfers travelling while the
+   stage computes (what NeMo does by default);
+4. ``predict_step_ms``: before you run it, the step time of your overlapped 1F1B on the simulated
+   link, from the link's figures and the measured compute.
 
-Given pieces: ``workbook/pipeline.py`` (stages, micro-batches, ``check_schedule``, ``simulate``,
-``StageExecutor``). Run: ``workbook run pp_overlap``; grade: ``workbook grade --lab
-pp_overlap``; compare: ``workbook bench pp_overlap``.
+Given pieces: ``workbook/pipeline_parallel/pipeline_parallel.py`` (the stages, the micro-batches,
+the schedule checker, the simulator on paper, and ``StageExecutor``, the base of the executors:
+read it first). Run: ``workbook run pp_overlap``; grade: ``workbook grade --lab pp_overlap``;
+compare the variants: ``workbook bench pp_overlap``.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from workbook.pipeline_parallel import B, F, StageExecutor
+from workbook.pipeline_parallel import B, F, StageExecutor, simulate
 
 
 # --------------------------------------------------------------------------- 1. schedules
 def gpipe(p: int, m: int, stage: int) -> list[tuple]:
-    """Stage ``stage``'s actions under GPipe: the ``m`` forwards in micro-batch order, then
-    the ``m`` backwards in the same order. Stage s keeps all ``m`` micro-batches' activations
-    until its backward pass starts."""
-    ### BEGIN SOLUTION hint: a list of ("F", i) for every micro-batch, then ("B", i) for every micro-batch, both in order 0..m-1
+    """Stage ``stage``'s actions (of ``p`` stages, ``m`` micro-batches) under GPipe.
+
+    Lesson 10, section 2 ("Schedules as data"). Returns the stage's list of actions, each a
+    pair: the kind, the string F for a forward or B for a backward (the family exports both as
+    constants), and the index of the micro-batch. Every micro-batch's forward and backward exactly
+    once, in GPipe's order, micro-batches taken in the order they entered. The family's schedule
+    checker must accept the stages' lists together."""
+    ### BEGIN SOLUTION
+    ### hint 1: GPipe keeps the stage's forwards and its backwards apart (lesson 10, section 2, "Schedules as data").
+    ### hint 2: all the forwards first, in micro-batch order, then all the backwards, in the same order; the stage index plays no part.
+    ### hint 3: a list of ("F", i) for every micro-batch, then ("B", i) for every micro-batch, both in order 0..m-1
     return [(F, i) for i in range(m)] + [(B, i) for i in range(m)]
     ### END SOLUTION
 
 
 def one_f_one_b(p: int, m: int, stage: int) -> list[tuple]:
-    """Stage ``stage``'s actions under 1F1B (PipeDream-Flush): a few forwards to fill the
-    pipeline, then one forward and one backward in turn, then the drain.
+    """Stage ``stage``'s actions (of ``p`` stages, ``m`` micro-batches) under 1F1B.
 
-    * warm-up: ``w = min(p - 1 - stage, m)`` forwards, just enough to fill the stages after it
-      (the last stage starts its first backward right after its first forward);
-    * steady state: ``m - w`` pairs ``F(w + j), B(j)``: one forward, then the oldest backward;
-    * cool-down: the ``w`` backwards left, oldest first.
-
-    Micro-batches enter every pass in order 0, 1, ..., so they leave it in the same order."""
-    ### BEGIN SOLUTION hint: warm-up forwards F(0)..F(w-1); then for j in range(m - w): F(w + j), B(j); then the backwards B(m - w)..B(m - 1)
+    Lesson 10, section 2 ("Schedules as data") and "What 1F1B buys: activations in flight". The
+    same action format as ``gpipe``, for PipeDream-Flush, the schedule Megatron-LM and NeMo run: a
+    fill of forwards, a steady state where forwards and backwards alternate, a drain of the
+    backwards left. Contract: every micro-batch's forward and backward once, each forward before
+    its backward; micro-batches leave each pass in the order they entered it; at most ``p -
+    stage`` micro-batches in flight on the stage (forward run, backward not yet), never more
+    than it needs to keep the stages after it busy; the stages' lists together cannot deadlock
+    (lesson 10, section 3, "A schedule that cannot finish"). Any ``m >= 1``, also ``m < p``."""
+    ### BEGIN SOLUTION
+    ### hint 1: the fill must feed every stage behind this one before its first backward can come back (lesson 10, section 2, "Schedules as data", and section 3, "Deadlock").
+    ### hint 2: count the warm-up forwards from the stages after this one (the last stage has none; never more than m); then pair the next forward with the oldest backward until the forwards run out; then the backwards left, oldest first.
+    ### hint 3: w = min(p - 1 - stage, m) forwards F(0)..F(w-1); then for j in range(m - w): F(w + j), B(j); then the backwards B(m - w)..B(m - 1)
     warmup = min(p - 1 - stage, m)
     actions = [(F, i) for i in range(warmup)]
     for j in range(m - warmup):
@@ -66,28 +75,39 @@ def all_stages(schedule, p: int, m: int) -> list[list[tuple]]:
 
 
 # --------------------------------------------------------------------------- 2. blocking p2p
+### BEGIN CHALLENGE: BlockingExecutor, the whole class (one stage's forward and backward steps, blocking p2p)
 class BlockingExecutor(StageExecutor):
-    """One stage's steps, each transfer waited for at once.
+    """One stage's forward and backward steps on its rank, each transfer waited for before the
+    stage goes on. Lesson 10, section 3 ("Two blocking sends") and section 5 ("On your ranks").
 
-    Forward of micro-batch i: take the input (stage 0: the tokens; else the received activation
-    ``[b, S, H]``), run ``self.stage``, keep input and output for the backward (the last stage
-    keeps the loss, ``self.stage.loss(logits, targets, self.m)``, and appends it to
-    ``self.losses``), then ``exchange``: send the output to ``self.next``. Backward of
-    micro-batch i: the last stage backpropagates its loss, every other stage the received
-    gradient of its output; then ``exchange``: send the input's gradient to ``self.prev``.
+    ``StageExecutor.step`` (given; read it) calls the steps in the order of the stage's actions
+    and gives you the micro-batches, the neighbours, the position of the running action, and
+    which peer and buffer each action receives from. Contract:
 
-    Why ``exchange`` sends *and* receives: gloo's (and NCCL's) send returns only once the peer
-    has posted the matching receive. In 1F1B's steady state two neighbours send to each other at
-    the same moment (stage s its activation, stage s + 1 a gradient): two blocking sends would
-    wait for each other for ever. So after each action a stage posts its send and the receive
-    of its *next* action together, then waits for both (Megatron's
-    ``send_forward_recv_backward``)."""
+    * forward of micro-batch ``i``: its input is the micro-batch's tokens on the first stage,
+      else the activation ``[b, S, H]`` the previous stage sent for it; the stage's output goes to
+      the next stage; on the last stage the output becomes the micro-batch's loss (the stage
+      module's own loss method, which scales it so that the micro-batches' losses add up to the
+      batch's mean loss), recorded in the list of losses the base class sums and returns;
+    * backward of micro-batch ``i``: the last stage backpropagates its loss, every other stage the
+      gradient of its output that the next stage sent; the gradient of the stage's input goes
+      back to the previous stage; after the step every parameter's gradient equals single-device
+      training on the whole batch (fp64, 2 and 4 stages);
+    * traffic: one activation per micro-batch to the next stage, one gradient of the same shape
+      back, nothing else (counted from the trace);
+    * no deadlock with gloo or NCCL, whose send returns only once the peer has posted the matching
+      receive: in 1F1B's steady state two neighbours send to each other at the same moment.
+      Only point-to-point ops, no collectives."""
 
     def exchange(self, tensor, peer) -> None:
-        """Send ``tensor`` to ``peer`` (None: nothing to send) and receive the next action's
-        input (``self.receive_for(self.position + 1)``) into ``self.inbox``: both posted, then
-        both waited for."""
-        ### BEGIN SOLUTION hint: works = [dist.isend(tensor.detach().contiguous(), peer)] if there is a tensor; nxt = self.receive_for(self.position + 1); if nxt: keep its buffer in self.inbox and add dist.irecv(buffer, src); wait for every work
+        """After an action: send ``tensor`` to rank ``peer`` (``tensor`` None: nothing to send)
+        and receive the input of the stage's *next* action, if it has one, so that the next
+        action finds it; return only when both transfers are complete. Must not deadlock with the
+        neighbour doing the same at the same moment (lesson 10, "Two blocking sends")."""
+        ### BEGIN SOLUTION
+        ### hint 1: posting the send and the next receive together, then waiting, is what Megatron-LM's paired exchange does (lesson 10, section 3, "Two blocking sends").
+        ### hint 2: start the send without waiting (if there is a tensor); ask the base class what the next action receives and, if anything, start that receive into a fresh buffer you keep for it; then wait for everything you started.
+        ### hint 3: works = [dist.isend(tensor.detach().contiguous(), peer)] if there is a tensor; nxt = self.receive_for(self.position + 1); if nxt: keep its buffer in self.inbox and add dist.irecv(buffer, src); wait for every work
         works = [] if tensor is None else [dist.isend(tensor.detach().contiguous(), peer)]
         nxt = self.receive_for(self.position + 1)
         if nxt is not None:
@@ -98,9 +118,13 @@ class BlockingExecutor(StageExecutor):
         ### END SOLUTION
 
     def take_received(self) -> torch.Tensor:
-        """This action's received tensor: the one ``exchange`` left in ``self.inbox``, or, for
-        the first action (no exchange before it), received now."""
-        ### BEGIN SOLUTION hint: if self.inbox is None: src, buffer = self.receive_for(self.position) and dist.recv(buffer, src); else take self.inbox (and set it to None)
+        """The tensor the running action receives: the one the previous ``exchange`` already
+        brought in, or, for the stage's first action that receives anything (no exchange ran
+        before it), received now."""
+        ### BEGIN SOLUTION
+        ### hint 1: every action's input arrives during the exchange after the action before it, except the very first one (lesson 10, section 5).
+        ### hint 2: if nothing is waiting from the last exchange, receive this action's input now (blocking), from the peer and into the buffer the base class names; otherwise hand over what the exchange kept and forget it.
+        ### hint 3: if self.inbox is None: src, buffer = self.receive_for(self.position) and dist.recv(buffer, src); else take self.inbox (and set it to None)
         if self.inbox is None:
             src, buffer = self.receive_for(self.position)
             dist.recv(buffer, src)
@@ -110,7 +134,11 @@ class BlockingExecutor(StageExecutor):
         ### END SOLUTION
 
     def forward_step(self, i: int) -> None:
-        ### BEGIN SOLUTION hint: x: the tokens self.batches[i][0] on stage 0, else self.take_received().requires_grad_(); out = self.stage(x); the last stage turns out into the loss (self.losses gets it); keep x and out (self.inputs / self.outputs); self.exchange(out, self.next) (None on the last stage)
+        """Micro-batch ``i``'s forward on this stage, then its transfers (the class's contract)."""
+        ### BEGIN SOLUTION
+        ### hint 1: a stage's forward is the model's forward cut at the stage boundary; the input must track its gradient so the backward can send it back (lesson 10, section 1, and the class docstring).
+        ### hint 2: take the input (the tokens on the first stage, else the received activation, made to require a gradient); run the stage; on the last stage turn the output into the micro-batch's loss and record it; keep input and output for the backward; then exchange, sending the output unless this is the last stage.
+        ### hint 3: x: the tokens self.batches[i][0] on stage 0, else self.take_received().requires_grad_(); out = self.stage(x); the last stage: out = self.stage.loss(out, targets, self.m), appended detached to self.losses; keep x and out (self.inputs / self.outputs); self.exchange(out, self.next) (None on the last stage)
         x = self.batches[i][0] if self.prev is None else self.take_received().requires_grad_()
         out = self.stage(x)                                   # [b, S, H] (last stage: [b, S, V])
         if self.next is None:
@@ -121,28 +149,48 @@ class BlockingExecutor(StageExecutor):
         ### END SOLUTION
 
     def backward_step(self, i: int) -> None:
-        ### BEGIN SOLUTION hint: pop micro-batch i's input and output; out.backward() on the last stage, else out.backward(self.take_received()); then self.exchange(x.grad, self.prev) (None on stage 0)
+        """Micro-batch ``i``'s backward on this stage, then its transfers (the class's contract)."""
+        ### BEGIN SOLUTION
+        ### hint 1: the backward of a stage is driven by the gradient of its output, and produces the gradient of its input for the stage before (lesson 10, section 1).
+        ### hint 2: take back what the forward of this micro-batch kept; backpropagate (the loss itself on the last stage, else the received gradient); then exchange, sending the input's gradient unless this is the first stage.
+        ### hint 3: pop micro-batch i's input and output; out.backward() on the last stage, else out.backward(self.take_received()); then self.exchange(x.grad, self.prev) (None on stage 0)
         x, out = self.inputs.pop(i), self.outputs.pop(i)
         out.backward() if self.next is None else out.backward(self.take_received())
         self.exchange(x.grad if self.prev is not None else None, self.prev)
         ### END SOLUTION
 
     def step(self, tokens, targets, actions):
+        """The base class's training step, anything this executor keeps between actions reset
+        first (a runner takes several steps)."""
         self.inbox = None
         return super().step(tokens, targets, actions)
+### END CHALLENGE
 
 
 # --------------------------------------------------------------------------- 3. overlapped p2p
+### BEGIN CHALLENGE: OverlappedExecutor, the whole class (the steady state's p2p hidden behind compute)
 class OverlappedExecutor(BlockingExecutor):
-    """The same steps, the transfers hidden: at the start of action k the receive that action
-    k + 1 needs is posted, so its data travels while action k computes; a send is posted with
-    ``isend`` and waited for only in ``finish``, after the last action. Only the first receive
-    (nothing computes before it) and the last send stay exposed."""
+    """The blocking executor's steps with the transfers hidden. Lesson 10, section 4 ("What the
+    transfers cost, on paper") and section 5 ("The trace, and the hidden share").
+
+    Contract: the same numbers and the same traffic as ``BlockingExecutor``; and on the link,
+    (a) the input of every action but the stage's first is already on its way while the action
+    before it computes, and (b) no send is waited for until the stage's last action is done
+    (``finish``, which ``StageExecutor.step`` calls after it). So only the first receive (nothing
+    computes before it) and the last send are exposed. Receives from one peer must be posted in
+    the order their actions run: gloo hands a peer's messages to the receives in the order they
+    were posted. Every transfer is waited for before the step returns. The grader reads this
+    structure from the link's log of one step on 2 stages, then asks for a share of the steady
+    state's link time hidden behind compute (lesson 10, "The trace, and the hidden share")."""
 
     def post_receive(self, k: int) -> None:
-        """Post, without waiting, action ``k``'s receive (if it has one and it is not posted
-        yet); keep ``(buffer, work)`` in ``self.receives[k]``."""
-        ### BEGIN SOLUTION hint: skip k already in self.receives; nxt = self.receive_for(k); if nxt: src, buffer = nxt and self.receives[k] = (buffer, dist.irecv(buffer, src))
+        """Post, without waiting, the receive of the stage's action ``k`` (if that action
+        receives anything and its receive is not posted yet), and keep it for when action
+        ``k`` runs."""
+        ### BEGIN SOLUTION
+        ### hint 1: a receive posted early travels while the stage computes; each one is posted once and found again by its action (lesson 10, section 4).
+        ### hint 2: if action k's receive is already posted, stop; else ask the base class what action k receives and, if anything, start that receive without waiting and remember its buffer and its handle under k.
+        ### hint 3: skip k already in self.receives; nxt = self.receive_for(k); if nxt: src, buffer = nxt and self.receives[k] = (buffer, dist.irecv(buffer, src))
         if k in self.receives:
             return
         nxt = self.receive_for(k)
@@ -152,51 +200,103 @@ class OverlappedExecutor(BlockingExecutor):
         ### END SOLUTION
 
     def prefetch(self) -> None:
-        """At the start of every action: this action's receive (a no-op once prefetched), then
-        the next one's, in that order: gloo hands a peer's messages to the receives in the order
-        they were posted."""
-        ### BEGIN SOLUTION hint: self.post_receive(self.position), then self.post_receive(self.position + 1)
+        """At the start of every action: make sure the running action's receive and the next
+        action's receive are both posted, in the order the actions run (the class's contract)."""
+        ### BEGIN SOLUTION
+        ### hint 1: posting one action ahead is what lets the next input travel while this action computes (lesson 10, section 5, "On your ranks").
+        ### hint 2: post the receive of the running action first (a no-op when it was posted during the previous action), then the receive of the action after it.
+        ### hint 3: self.post_receive(self.position), then self.post_receive(self.position + 1)
         self.post_receive(self.position)
         self.post_receive(self.position + 1)
         ### END SOLUTION
 
     def take_received(self) -> torch.Tensor:
-        ### BEGIN SOLUTION hint: pop (buffer, work) of self.position from self.receives; wait on the work; return the buffer
+        """The running action's input, once it has arrived (its receive was posted earlier)."""
+        ### BEGIN SOLUTION
+        ### hint 1: the receive was posted an action ago; only now is its data needed.
+        ### hint 2: take the running action's posted receive out of what you kept, wait for it, hand over its buffer.
+        ### hint 3: pop (buffer, work) of self.position from self.receives; wait on the work; return the buffer
         buffer, work = self.receives.pop(self.position)
         work.wait()
         return buffer
         ### END SOLUTION
 
     def exchange(self, tensor, peer) -> None:
-        ### BEGIN SOLUTION hint: only the send: dist.isend the detached, contiguous tensor, kept with its work in self.sends; no wait (the next receive is already posted)
+        """After an action: send ``tensor`` to ``peer`` (None: nothing to send) without waiting;
+        the next action's receive is already posted (the class's contract)."""
+        ### BEGIN SOLUTION
+        ### hint 1: a send left in flight costs the stage nothing; its buffer must stay alive and untouched until it is waited for (lesson 10, section 5).
+        ### hint 2: if there is a tensor, start its send without waiting and keep both the tensor sent and the handle until the step ends.
+        ### hint 3: only the send: dist.isend the detached, contiguous tensor, kept with its work in self.sends; no wait
         if tensor is not None:
             tensor = tensor.detach().contiguous()
             self.sends.append((tensor, dist.isend(tensor, peer)))
         ### END SOLUTION
 
     def finish(self) -> None:
-        ### BEGIN SOLUTION hint: wait for every send in self.sends, then empty it
+        """After the stage's last action: every send still in flight has completed."""
+        ### BEGIN SOLUTION
+        ### hint 1: a send's buffer may be read until its wait returns, so the step ends with the sends done.
+        ### hint 2: wait for every send kept during the step, then forget them.
+        ### hint 3: wait for every work in self.sends, then empty it
         for _, work in self.sends:
             work.wait()
         self.sends = []
         ### END SOLUTION
 
     def forward_step(self, i: int) -> None:
+        """Micro-batch ``i``'s forward, computed as the blocking executor's, the receives posted
+        as the class's contract asks before it computes."""
         self.prefetch()
         super().forward_step(i)
 
     def backward_step(self, i: int) -> None:
+        """Micro-batch ``i``'s backward, the same way."""
         self.prefetch()
         super().backward_step(i)
 
     def step(self, tokens, targets, actions):
+        """The base class's training step, no receive posted and no send kept from an earlier
+        step."""
         self.receives, self.sends = {}, []
         return super().step(tokens, targets, actions)
+### END CHALLENGE
 
 
 EXECUTORS = {"blocking": BlockingExecutor, "overlapped": OverlappedExecutor}
 VARIANTS = {"gpipe": ("gpipe", "blocking"), "1f1b": ("1f1b", "blocking"),
             "1f1b_overlap": ("1f1b", "overlapped")}
+
+
+# --------------------------------------------------------------------------- 4. prediction
+def predict_step_ms(link, p: int, m: int, shape: tuple, itemsize: int, t_fwd_ms: float,
+                    t_bwd_ms: float) -> float:
+    """Predict, before running it, the step time in ms of your 1F1B schedule with overlapped p2p
+    (``OverlappedExecutor``) on ``p`` stages and ``m`` micro-batches, on the simulated ``link``.
+
+    Lesson 10, section 4 ("What the transfers cost, on paper" and "Predicting your step").
+
+    * ``link``: a ``workbook.link.cost_model.Link``, the simulated link the step runs on; its
+      alpha-beta figures are the latency of one operation in seconds and the bandwidth in bytes
+      per second;
+    * ``shape``: the activation that crosses a stage boundary, three sizes (rows, sequence
+      length, hidden size), of elements of ``itemsize`` bytes;
+    * ``t_fwd_ms`` / ``t_bwd_ms``: the measured compute of one micro-batch's forward / backward
+      on one stage.
+
+    Returns the step time in ms of the paper model of section 4: a stage runs its actions in
+    order, each as soon as the stage is free and its input has arrived; a tensor arrives one
+    transfer time after the action that made it ends; sends never block. The grader compares it
+    with the model's value on two pipelines and two links; ``workbook run pp_overlap`` prints
+    it beside the model and the measured step."""
+    ### BEGIN SOLUTION
+    ### hint 1: two parts: the time of one transfer on the alpha-beta link, then the step of your schedule played on paper with it (lesson 10, section 4, "Predicting your step").
+    ### hint 2: one transfer costs the link's latency plus the activation's bytes over its bandwidth (in ms); then play every stage's 1F1B actions with the forward, backward and transfer times, as the paper model of section 4 does, and read the step (or use the closed form the lesson derives for two stages).
+    ### hint 3: c_ms = 1e3 * (link.latency_s + rows * seq * hidden * itemsize / link.bandwidth_Bps); return simulate(all_stages(one_f_one_b, p, m), t_fwd_ms, t_bwd_ms, c_ms).step
+    rows, seq, hidden = shape
+    c_ms = 1e3 * (link.latency_s + rows * seq * hidden * itemsize / link.bandwidth_Bps)
+    return simulate(all_stages(one_f_one_b, p, m), t_fwd_ms, t_bwd_ms, c_ms).step
+    ### END SOLUTION
 
 
 if __name__ == "__main__":

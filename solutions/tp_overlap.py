@@ -1,13 +1,17 @@
 """Lab `tp_overlap`: hide sequence-parallel TP's all-gather and reduce-scatter inside the GEMMs.
 
-Lesson 8 (``lessons/08_tp_overlap.py``) explains it. The layout is lab 5's: ``[B, S/n, H]``
-sequence shards between sublayers, shard r = positions ``r*S/n .. (r+1)*S/n``. Instead of
-waiting for a whole all-gather before a GEMM (or a whole GEMM before its reduce-scatter), each
-rank multiplies one shard while the next one travels around the ring (n - 1 p2p steps: NeMo's
-``tp_comm_overlap_ag`` / ``_rs``, PyTorch's async TP), and in the backward pass it sends what has
-no dependency on the GEMM running beside it (``tp_comm_bulk_dgrad`` / ``_wgrad``). Given pieces:
-``workbook/sequence_parallel.py``. Run: ``workbook run tp_overlap``; grade: ``workbook grade
---lab tp_overlap``; compare with plain SP and Domino: ``workbook bench tp_overlap``.
+Lesson 8 (``lessons/08_tp_overlap.py``) explains it. On lab 5's layout (sequence shards
+``[B, S/n, H]`` between sublayers, shard r holding positions ``r*S/n .. (r+1)*S/n``) you build
+the "collective matmul" of NeMo's ``tp_comm_overlap`` and PyTorch's async TP: ring exchanges
+that run inside the GEMMs of the forward pass, bulk overlap in the backward pass, and the
+linears, sublayers and block that use them under every ``Overlap`` variant. Before you run it,
+you predict how much communication your ring leaves exposed; the figures printed after the
+checks set your prediction beside the model and your own trace.
+
+Given pieces: ``workbook.tensor_parallel.sequence_parallel`` (lab 5's collectives, sharded
+linears, norms and block). Run: ``workbook run tp_overlap``; grade: ``workbook grade --lab
+tp_overlap``; a hint when stuck: ``workbook hint tp_overlap TASK``; compare with plain SP and
+Domino: ``workbook bench tp_overlap``.
 """
 from __future__ import annotations
 
@@ -50,11 +54,24 @@ def weight_grad(grad_out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     return grad_out.flatten(0, -2).T @ inp.flatten(0, -2)
 
 
-# --------------------------------------------------------------------------- 1. the ring
+# --------------------------------------------------------------------------- 1. the rings
+### BEGIN CHALLENGE: the collective matmul rings (one ring step, all-gather + GEMM, GEMM + reduce-scatter)
 def exchange(send: torch.Tensor, recv: torch.Tensor) -> list:
-    """One ring step, started: ``send`` to the next rank (r + 1), ``recv`` filled from the
-    previous one (r - 1). Returns the works to wait on (``dist.batch_isend_irecv``)."""
-    ### BEGIN SOLUTION hint: two dist.P2POp (isend to the next rank, irecv from the previous) in one dist.batch_isend_irecv
+    """One step of the ring, started and not waited on.
+
+    The first tensor goes to the next rank of the tensor-parallel group and the second (a buffer
+    of the same shape) is filled by the previous rank; the ranks form a ring, so the last rank's
+    next is rank 0. Point to point only, both directions in flight at once. Returns the list of
+    works the caller waits on before it reads the buffer or reuses the tensor it sent. Lesson 8,
+    "The ring all-gather + GEMM"."""
+    ### BEGIN SOLUTION
+    ### hint 1: a ring step is a send to one neighbour and a receive from the other, started
+    ###     together (lesson 8, "The ring all-gather + GEMM"; lesson 1 for point-to-point ops)
+    ### hint 2: find this rank and the group's size, name the next and the previous rank (modulo
+    ###     the size), describe the send and the receive as two operations and start them in one
+    ###     batch; return what starting them gives you
+    ### hint 3: two dist.P2POp (isend to (r + 1) % n, irecv from (r - 1) % n) in one
+    ###     dist.batch_isend_irecv, which returns the works
     n, r = tp_world_size(), tp_rank()
     return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (r + 1) % n),
                                    dist.P2POp(dist.irecv, recv, (r - 1) % n)])
@@ -62,15 +79,30 @@ def exchange(send: torch.Tensor, recv: torch.Tensor) -> list:
 
 
 def ring_all_gather_matmul(x: torch.Tensor, weight: torch.Tensor):
-    """All-gather + GEMM, pipelined: ``y = AG(x) W^T`` for ``x [B, S/n, in]``, ``W [out, in]``.
+    """All-gather + GEMM as a pipelined ring: the forward pass's "collective matmul".
 
-    At step k = 0..n-1 this rank holds shard ``(r - k) mod n``: it passes that shard on while it
-    multiplies it into its rows of ``y``, then takes the shard the previous rank passed it. The
-    n - 1 exchanges all travel behind GEMMs. Returns ``(y [B, S, out], x_full [B, S, in])``."""
+    Contract: the input is this rank's sequence shard [B, S/n, in], the weight [out, in].
+    Returns a pair: the product AG(x) W^T, [B, S, out], and the gathered input AG(x), [B, S, in]
+    (the backward pass needs it), every shard's rows where the collective all-gather would put
+    them. Communication: ring steps between neighbours only (no collective), n - 1 of them, one
+    shard each, every one in flight while a GEMM runs: none waited on before the GEMM it hides
+    behind has been issued. Works on one rank too. Lesson 8, "The ring all-gather + GEMM" (the
+    left-hand grid says which shard a rank holds at each step)."""
+    ### BEGIN SOLUTION
+    ### hint 1: the rows of AG(x) W^T that belong to shard j need shard j alone, so multiply the
+    ###     shard you hold while the next one travels (lesson 8, "The ring all-gather + GEMM", and
+    ###     its grid: at step k rank r holds shard (r - k) mod n)
+    ### hint 2: allocate both outputs; start from your own shard; at each of the n steps start
+    ###     passing the shard you hold on (except at the last step), multiply it into its own rows
+    ###     and copy it into the gathered input, then wait and continue with the shard received
+    ### hint 3: n, r, s = tp_world_size(), tp_rank(), x.shape[1]; y = x.new_empty(B, n * s, out);
+    ###     x_full = x.new_empty(B, n * s, in); shard = x.contiguous(); for k in range(n):
+    ###     src = (r - k) % n; if k < n - 1: nxt = torch.empty_like(shard); works =
+    ###     exchange(shard, nxt); y[:, rows of src] = shard @ weight.T; x_full[:, rows of src] =
+    ###     shard; then wait on works and shard = nxt; return y, x_full
     n, r, s = tp_world_size(), tp_rank(), x.shape[1]
     y = x.new_empty(x.shape[0], n * s, weight.shape[0])
     x_full = x.new_empty(x.shape[0], n * s, x.shape[2])
-    ### BEGIN SOLUTION hint: shard = x; each step: start exchange(shard, a new buffer) unless last, GEMM the shard into its rows of y (and x_full), wait, take the buffer
     shard = x.contiguous()
     for k in range(n):
         src = (r - k) % n                                                     # whose shard we hold
@@ -84,19 +116,34 @@ def ring_all_gather_matmul(x: torch.Tensor, weight: torch.Tensor):
             for w in works:
                 w.wait()
             shard = nxt
-    ### END SOLUTION
     return y, x_full
+    ### END SOLUTION
 
 
 def ring_matmul_reduce_scatter(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """GEMM + reduce-scatter, pipelined: ``RS(a W^T)`` for ``a [B, S, in/n]``, ``W [out, in/n]``.
+    """GEMM + reduce-scatter as a pipelined ring.
 
-    At step k this rank computes its partial sum for shard ``(r - k - 1) mod n``, adds the
-    running sum of that shard the previous rank passed it, and passes the total on; at the last
-    step the shard is its own and the total is complete. Returns ``[B, S/n, out]``."""
+    Contract: the input is [B, S, in/n] (this rank's slice of the features, every position), the
+    weight [out, in/n]. Returns this rank's sequence shard of RS(a W^T), [B, S/n, out]: for the
+    positions of shard r, the sum over every rank of its partial product, what the collective
+    reduce-scatter returns. Communication: ring steps between neighbours only (no collective),
+    n - 1 of them, each carrying one shard's running sum while a GEMM runs. Works on one rank
+    too. Lesson 8, "The ring all-gather + GEMM" (the right-hand grid) and "GEMM + reduce-scatter,
+    and what stays exposed"."""
+    ### BEGIN SOLUTION
+    ### hint 1: here the running sums travel, not the inputs: each rank adds its partial product
+    ###     of one shard to the sum it received and passes it on, so that a shard's sum is complete
+    ###     when it reaches its owner (lesson 8, the right-hand grid: at step k rank r works on
+    ###     shard (r - k - 1) mod n)
+    ### hint 2: at each of the n steps multiply the rows of this step's shard; from the second
+    ###     step on, wait for the sum the previous rank passed and add it; unless it is the last
+    ###     step, start passing the new sum on; the last step's sum is your own shard's, complete
+    ### hint 3: n, r = tp_world_size(), tp_rank(); s = a.shape[1] // n; for k in range(n):
+    ###     dst = (r - k - 1) % n; part = a[:, rows of dst] @ weight.T;
+    ###     if k > 0: wait on works, part = part + received; if k < n - 1: received =
+    ###     torch.empty_like(part); works = exchange(part, received); return the last part
     n, r = tp_world_size(), tp_rank()
     s = a.shape[1] // n
-    ### BEGIN SOLUTION hint: each step: GEMM the rows of this step's shard; from step 1 on wait for the running sum and add it; unless last, start exchange(total, a new buffer)
     total, works, received = None, [], None
     for k in range(n):
         dst = (r - k - 1) % n                                                 # whose sum we add to
@@ -111,18 +158,35 @@ def ring_matmul_reduce_scatter(a: torch.Tensor, weight: torch.Tensor) -> torch.T
         total = part
     return total
     ### END SOLUTION
+### END CHALLENGE
 
 
 def chunked_matmul_reduce_scatter(a: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.Tensor:
-    """GEMM + reduce-scatter in ``chunks`` pieces: piece c holds positions ``c*q`` to ``(c+1)*q``
-    of *every* shard (q = S/n/chunks), so its reduce-scatter gives this rank piece c of its own
-    shard. Each piece's reduce-scatter travels during the next piece's GEMM; the last one is
-    exposed. Returns ``[B, S/n, out]``."""
+    """GEMM + reduce-scatter in asynchronous pieces: NeMo's chunked alternative to the ring.
+
+    Contract: the same inputs and result as the ring version above ([B, S, in/n] and
+    [out, in/n] in, this rank's [B, S/n, out] shard of the sum out), but built from
+    as many collective reduce-scatters as there are chunks, each started asynchronously with the
+    given sequence-parallel helpers, so that one piece's reduce-scatter travels while the next
+    piece's GEMM runs (only the last one is exposed). Raises ``ValueError`` when the number of
+    chunks does not divide the S/n positions of a shard. Lesson 8, "GEMM + reduce-scatter, and
+    what stays exposed"."""
+    ### BEGIN SOLUTION
+    ### hint 1: a reduce-scatter hands rank r the r-th of n equal parts of its input, so a piece
+    ###     must be made of the same slice of every rank's shard; then its reduce-scatter returns
+    ###     a slice of your own shard (lesson 8, "GEMM + reduce-scatter, and what stays exposed")
+    ### hint 2: check the chunks divide a shard's positions; view the positions as (rank, chunk,
+    ###     position within the chunk); for each chunk, GEMM the rows of that chunk in every shard
+    ###     and start its reduce-scatter without waiting; then wait for them all, in order, and
+    ###     join the slices along the sequence
+    ### hint 3: n = tp_world_size(); s = a.shape[1] // n, a ValueError if s % chunks; pieces =
+    ###     a.unflatten(1, (n, chunks, s // chunks)); piece c is
+    ###     pieces[:, :, c].flatten(1, 2); start_reduce_scatter_sequence(piece @ weight.T) for each,
+    ###     then torch.cat([p.wait() for p in pending], dim=1)
     n = tp_world_size()
     s = a.shape[1] // n
     if s % chunks:
         raise ValueError(f"chunks={chunks} must divide the {s} positions of a shard")
-    ### BEGIN SOLUTION hint: a.unflatten(1, (n, chunks, q))[:, :, c].flatten(1, 2) is piece c; start_reduce_scatter_sequence each GEMM'd piece, wait for all, cat along dim 1
     pieces = a.unflatten(1, (n, chunks, s // chunks))                        # [B, n, chunks, q, in]
     pending = [start_reduce_scatter_sequence(pieces[:, :, c].flatten(1, 2) @ weight.T)
                for c in range(chunks)]
@@ -130,15 +194,70 @@ def chunked_matmul_reduce_scatter(a: torch.Tensor, weight: torch.Tensor, chunks:
     ### END SOLUTION
 
 
-# --------------------------------------------------------------------------- 2. the linears' autograd
+# --------------------------------------------------------------------------- 2. before you run: predict
+def predict_ring_exposed_ms(link, n: int, batch: int, seq: int, hidden: int, out_features: int,
+                            element_bytes: int = 4) -> float:
+    """Your prediction, made before the run: the milliseconds of communication that your ring
+    all-gather + GEMM leaves exposed (no compute beside it) on the simulated link.
+
+    The setting: n ranks on the given simulated link (a ``workbook.link.Link``: its alpha-beta
+    figures, and the compute rate it was calibrated to, measured on this machine); every rank
+    holds a sequence shard of ``[batch, seq, hidden]`` and a weight ``[out_features, hidden]``,
+    elements of element_bytes bytes each. Return a float, in milliseconds, derived from the link's
+    figures and the shapes alone: no ranks, no timing. The grader compares it with the course's
+    model of your schedule on several links and shapes, and names the term of a wrong derivation;
+    the figures after the self-check print your prediction, the model and the time measured in
+    your own ring's trace side by side. Lesson 8, "Predict, then measure"."""
+    ### BEGIN SOLUTION
+    ### hint 1: the ring makes n - 1 steps that each pair one exchange with one shard's GEMM, and
+    ###     a step exposes what the exchange takes beyond its GEMM (lesson 8, "Predict, then
+    ###     measure"; lesson 7, "Compute: FLOPs of one layer" and "Communication: bytes over
+    ###     bandwidth")
+    ### hint 2: one exchange costs the link's latency plus one shard's bytes over its bandwidth;
+    ###     one step's GEMM costs two FLOPs per multiply-add of one shard's rows by the weight,
+    ###     over the compute rate; a step exposes the difference, never less than zero; the ring
+    ###     repeats it at each step that has an exchange; convert seconds to milliseconds
+    ### hint 3: rows = batch * (seq // n); t_c = link.latency_s + rows * hidden * element_bytes /
+    ###     link.bandwidth_Bps; t_g = 2 * rows * hidden * out_features / link.local_flops;
+    ###     return 1e3 * (n - 1) * max(0.0, t_c - t_g)
+    if n <= 1:
+        return 0.0
+    rows = batch * (seq // n)
+    t_c = link.latency_s + rows * hidden * element_bytes / link.bandwidth_Bps
+    t_g = 2 * rows * hidden * out_features / link.local_flops
+    return 1e3 * (n - 1) * max(0.0, t_c - t_g)
+    ### END SOLUTION
+
+
+# --------------------------------------------------------------------------- 3. the linears' autograd
+### BEGIN CHALLENGE: the linears' autograd, ColumnParallelMatmul and RowParallelMatmul whole
 class ColumnParallelMatmul(torch.autograd.Function):
-    """``y = AG(x) W^T``: sequence shard ``[B, S/n, in]`` in, ``[B, S, out/n]`` out. Backward:
-    ``dx = RS(dy W)``, ``dW = dy^T AG(x)``. With ``bulk`` only the shard is saved: its all-gather
-    travels during the dgrad GEMM, and dgrad's reduce-scatter during the wgrad GEMM."""
+    """The column-parallel GEMM of sequence-parallel TP, forward and backward, as ``Overlap`` says.
+
+    Forward: the input is a sequence shard [B, S/n, in], the weight this rank's [out/n, in];
+    returns AG(x) W^T, [B, S, out/n]. Pipelined: the all-gather runs inside the GEMM (your
+    ring); else one collective before it.
+
+    Backward: returns the gradients of the input (a sequence shard [B, S/n, in], summed over the
+    ranks) and of the weight ([out/n, in]), and None for the overlap switches. Bulk:
+    the forward pass keeps only the input shard (the memory SP saves), and each of the backward's
+    two collectives is started before, and waited on after, the GEMM that does not need it.
+    Pipelined without bulk: the input gradient's reduce-scatter runs inside its GEMM (your
+    ring). Neither: the plain collectives. Lesson 8, "Bulk overlap in the backward pass" and its
+    table; lesson 5 for the gradients of sequence-parallel TP."""
 
     @staticmethod
     def forward(ctx, x, weight, overlap: Overlap):
-        ### BEGIN SOLUTION hint: the ring (pipelined) or all_gather_sequence then the GEMM; save the shard if bulk, else the gathered input
+        ### BEGIN SOLUTION
+        ### hint 1: the forward is lab 5's all-gather then GEMM, or your ring in its place; what it
+        ###     keeps for the backward decides whether the backward must gather again (lesson 8,
+        ###     "Bulk overlap in the backward pass")
+        ### hint 2: pipelined: the ring gives the output and the gathered input at once; else
+        ###     gather, then multiply; remember the overlap; keep the shard (bulk) or the gathered
+        ###     input (otherwise), and the weight
+        ### hint 3: y, x_full = ring_all_gather_matmul(x, weight) or x_full = all_gather_sequence(x);
+        ###     y = x_full @ weight.T; ctx.overlap = overlap; ctx.save_for_backward(x if
+        ###     overlap.bulk else x_full, weight); return y
         if overlap.pipelined:
             y, x_full = ring_all_gather_matmul(x, weight)
         else:
@@ -151,8 +270,20 @@ class ColumnParallelMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        ### BEGIN SOLUTION
+        ### hint 1: two GEMMs (dgrad, wgrad) and two collectives; with bulk, each collective runs
+        ###     beside the GEMM that does not depend on it (lesson 8, "Bulk overlap in the backward
+        ###     pass", the figure and the table)
+        ### hint 2: bulk: start gathering the saved shard, run the dgrad GEMM, wait, start the
+        ###     reduce-scatter of the full input gradient, run the wgrad GEMM on the gathered input,
+        ###     wait; pipelined alone: the reduce-scatter ring with the weight transposed, then the
+        ###     wgrad; plain: the blocking collective, then the wgrad
+        ### hint 3: saved, weight = ctx.saved_tensors; bulk: gather = start_all_gather_sequence(saved);
+        ###     dx_full = dy @ weight; x_full = gather.wait(); scatter =
+        ###     start_reduce_scatter_sequence(dx_full); dw = weight_grad(dy, x_full); dx =
+        ###     scatter.wait(); pipelined: dx = ring_matmul_reduce_scatter(dy, weight.T);
+        ###     return dx, dw, None
         saved, weight = ctx.saved_tensors
-        ### BEGIN SOLUTION hint: bulk: start the all-gather, dgrad GEMM, wait, start the reduce-scatter, wgrad GEMM, wait; pipelined: the ring reduce-scatter with W^T
         if ctx.overlap.bulk:
             gather = start_all_gather_sequence(saved)         # in flight ...
             dx_full = dy @ weight                             # ... behind dgrad   [B, S, in]
@@ -171,13 +302,30 @@ class ColumnParallelMatmul(torch.autograd.Function):
 
 
 class RowParallelMatmul(torch.autograd.Function):
-    """``y = RS(a W^T)``: ``[B, S, in/n]`` in, sequence shard ``[B, S/n, out]`` out. Backward:
-    ``dy`` is all-gathered (pipelined: inside the dgrad GEMM), ``da = AG(dy) W``,
-    ``dW = AG(dy)^T a``."""
+    """The row-parallel GEMM of sequence-parallel TP, forward and backward, as ``Overlap`` says.
+
+    Forward: the input is [B, S, in/n], the weight this rank's [out, in/n]; returns this rank's
+    sequence shard [B, S/n, out] of the GEMM summed over the ranks. Pipelined: the reduce-scatter
+    runs inside the GEMM, as your ring or, when the switches say "chunked", as your chunked
+    version with their number of chunks; else one collective after it.
+
+    Backward: the output gradient arrives as a sequence shard; returns the gradients of the
+    input ([B, S, in/n]) and of the weight ([out, in/n]), and None for the overlap switches.
+    Both need the gathered output gradient; pipelined, that all-gather runs inside the input
+    gradient's GEMM (your ring), else one collective. Lesson 8, "Bulk overlap in the backward
+    pass" (its last paragraph and the table)."""
 
     @staticmethod
     def forward(ctx, a, weight, overlap: Overlap):
-        ### BEGIN SOLUTION hint: plain, ring or chunked, as overlap says; save what backward needs
+        ### BEGIN SOLUTION
+        ### hint 1: three ways to the same reduce-scattered result: the plain collective after the
+        ###     GEMM, the ring, or the chunks (lesson 8, "GEMM + reduce-scatter, and what stays
+        ###     exposed")
+        ### hint 2: choose by the overlap's switches; remember the overlap and keep the input and
+        ###     the weight for the backward
+        ### hint 3: y = reduce_scatter_sequence(a @ weight.T), or chunked_matmul_reduce_scatter(a,
+        ###     weight, overlap.chunks), or ring_matmul_reduce_scatter(a, weight); ctx.overlap =
+        ###     overlap; ctx.save_for_backward(a, weight)
         if not overlap.pipelined:
             y = reduce_scatter_sequence(a @ weight.T)
         elif overlap.reduce_scatter == "chunked":
@@ -191,8 +339,17 @@ class RowParallelMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        ### BEGIN SOLUTION
+        ### hint 1: the input gradient is an all-gather followed by a GEMM: the forward pass's
+        ###     ring once more, with the weight's roles swapped (lesson 8, end of "Bulk overlap in
+        ###     the backward pass")
+        ### hint 2: pipelined: run your all-gather ring on the output gradient with the transposed
+        ###     weight, which also hands you the gathered gradient; else gather, then multiply; the
+        ###     weight gradient takes the gathered gradient and the saved input
+        ### hint 3: a, weight = ctx.saved_tensors; pipelined: da, dy_full =
+        ###     ring_all_gather_matmul(dy.contiguous(), weight.T); else dy_full =
+        ###     all_gather_sequence(dy); da = dy_full @ weight; return da, weight_grad(dy_full, a), None
         a, weight = ctx.saved_tensors
-        ### BEGIN SOLUTION hint: the ring all-gather with W^T gives da and AG(dy) at once
         if ctx.overlap.pipelined:
             da, dy_full = ring_all_gather_matmul(dy.contiguous(), weight.T)
         else:
@@ -200,13 +357,26 @@ class RowParallelMatmul(torch.autograd.Function):
             da = dy_full @ weight
         return da, weight_grad(dy_full, a), None
         ### END SOLUTION
+### END CHALLENGE
 
 
-# --------------------------------------------------------------------------- 3. linears, sublayers, block
+# --------------------------------------------------------------------------- 4. linears, sublayers, block
 def column_parallel_linear(x: torch.Tensor, linears: list, overlap: Overlap) -> list:
-    """Several column-parallel linears of one input (q, k, v; or gate, up) behind *one*
-    all-gather: their weights stacked into one GEMM. Returns each one's ``[B, S, out/n]``."""
-    ### BEGIN SOLUTION hint: torch.cat the weights, one ColumnParallelMatmul, split the output, add each bias
+    """Several column-parallel linears of one input (q, k, v; or gate and up) behind a single
+    all-gather of it, under the given overlap.
+
+    Contract: the input is a sequence shard ``[B, S/n, in]``; each linear is a column-parallel
+    ``ShardedLinear`` (weight ``[out_i/n, in]``, a bias or None). Returns one ``[B, S, out_i/n]``
+    output per linear, in order, each with its own bias. The input is gathered once whatever
+    the number of linears: one overlapped GEMM serves them all. Lesson 8, "The ring all-gather +
+    GEMM"; lesson 5 for the layout."""
+    ### BEGIN SOLUTION
+    ### hint 1: one all-gather for several linears means one GEMM for several weights (lesson 8,
+    ###     "The ring all-gather + GEMM")
+    ### hint 2: stack the weights along their output features, run the column-parallel function
+    ###     once, split its output back into one piece per linear, and add each one's bias
+    ### hint 3: ColumnParallelMatmul.apply(x, torch.cat([lin.weight for lin in linears]), overlap),
+    ###     then y.split([lin.weight.shape[0] for lin in linears], dim=-1), + lin.bias where not None
     y = ColumnParallelMatmul.apply(x, torch.cat([lin.weight for lin in linears]), overlap)
     outs = y.split([lin.weight.shape[0] for lin in linears], dim=-1)
     return [o if lin.bias is None else o + lin.bias for o, lin in zip(outs, linears)]
@@ -214,16 +384,30 @@ def column_parallel_linear(x: torch.Tensor, linears: list, overlap: Overlap) -> 
 
 
 def row_parallel_linear(a: torch.Tensor, linear: ShardedLinear, overlap: Overlap) -> torch.Tensor:
-    """The row-parallel linear: ``[B, S, in/n] -> [B, S/n, out]``, the whole bias added once."""
-    ### BEGIN SOLUTION hint: RowParallelMatmul, then the bias on the shard
+    """The row-parallel linear under the given overlap: ``[B, S, in/n]`` in, a sequence shard
+    ``[B, S/n, out]`` out; the linear's bias (whole on every rank) counted exactly once in the
+    result. Lesson 5, "Two ways to shard one block"; lesson 8 for the overlap."""
+    ### BEGIN SOLUTION
+    ### hint 1: the bias is replicated, the GEMM's result is summed over the ranks: add the bias
+    ###     where it is not summed (lesson 5, "Two ways to shard one block")
+    ### hint 2: run the row-parallel function, then add the bias (if any) to this rank's shard
+    ### hint 3: y = RowParallelMatmul.apply(a, linear.weight, overlap); return y if linear.bias is
+    ###     None else y + linear.bias
     y = RowParallelMatmul.apply(a, linear.weight, overlap)
     return y if linear.bias is None else y + linear.bias
     ### END SOLUTION
 
 
 class OverlapAttention(nn.Module):
-    """``blocks.{layer}.attn`` from sequence shards to sequence shards: q, k, v behind one ring
-    all-gather, attention on heads/n heads over the whole sequence, wo's ring reduce-scatter."""
+    """``blocks.{layer}.attn`` from sequence shards to sequence shards, its communication inside
+    the GEMMs as its ``Overlap`` says.
+
+    ``forward(x)``: the input and the output are sequence shards ``[B, S/n, H]``. The query, key
+    and value projections share one gathering of the input; each rank attends with its heads/n
+    heads over the whole sequence (causal; rotary positions of the full sequence for llama, as in
+    the reference model); the output projection returns a sequence shard. The model's attention
+    core is given (``workbook.model.ops``). Lesson 8, the table at the end of "Bulk overlap in the
+    backward pass"; lesson 5, "Two ways to shard one block"."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None, overlap: Overlap = Overlap()):
         super().__init__()
@@ -235,7 +419,15 @@ class OverlapAttention(nn.Module):
         self.wo = ShardedLinear(cfg, f"{self.name}.wo", "row", device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ### BEGIN SOLUTION hint: column_parallel_linear of wq wk wv, model_ops.causal_attention (rope_tables of the full sequence), row_parallel_linear
+        ### BEGIN SOLUTION
+        ### hint 1: the sublayer is column-parallel in, attention on local heads, row-parallel out
+        ###     (lesson 5, "Two ways to shard one block"; lesson 8's table)
+        ### hint 2: the three projections through your multi-linear column function, the given
+        ###     causal attention on this rank's heads with the rotary tables of the whole sequence,
+        ###     then your row-parallel linear
+        ### hint 3: q, k, v = column_parallel_linear(x, [self.wq, self.wk, self.wv], self.overlap);
+        ###     ctx = model_ops.causal_attention(q, k, v, self.local_heads, rope_tables(self.cfg, q));
+        ###     return row_parallel_linear(ctx, self.wo, self.overlap)
         q, k, v = column_parallel_linear(x, [self.wq, self.wk, self.wv], self.overlap)   # [B, S, H/n]
         ctx = model_ops.causal_attention(q, k, v, self.local_heads, rope_tables(self.cfg, q))
         return row_parallel_linear(ctx, self.wo, self.overlap)                          # [B, S/n, H]
@@ -243,7 +435,13 @@ class OverlapAttention(nn.Module):
 
 
 class OverlapMLP(nn.Module):
-    """``blocks.{layer}.mlp`` from sequence shards to sequence shards (GELU, or SwiGLU)."""
+    """``blocks.{layer}.mlp`` from sequence shards to sequence shards (GELU for gpt, SwiGLU for
+    llama), its communication inside the GEMMs as its ``Overlap`` says.
+
+    ``forward(x)``: the input and the output are sequence shards ``[B, S/n, H]``; the
+    column-parallel projections of one input share one gathering of it; the activation is the
+    model's (given in ``workbook.model.ops``). Lesson 8, the table at the end of "Bulk overlap in
+    the backward pass"; lesson 5, "Two ways to shard one block"."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, device=None, overlap: Overlap = Overlap()):
         super().__init__()
@@ -255,7 +453,16 @@ class OverlapMLP(nn.Module):
                                            else "column", device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ### BEGIN SOLUTION hint: gpt: fc1, gelu, fc2; llama: gate and up behind one all-gather, silu(gate) * up, w_down
+        ### BEGIN SOLUTION
+        ### hint 1: column-parallel in, the activation on the local features, row-parallel out;
+        ###     for llama the gate and the up projection read the same input (lesson 5, "Two ways
+        ###     to shard one block")
+        ### hint 2: gpt: the first projection, GELU, the second; llama: gate and up through one
+        ###     call of your multi-linear column function, SiLU of the gate times up, the down
+        ###     projection
+        ### hint 3: gpt: h, = column_parallel_linear(x, [self.fc1], self.overlap); return
+        ###     row_parallel_linear(model_ops.gelu(h), self.fc2, self.overlap); llama: gate, up =
+        ###     ... [self.w_gate, self.w_up] ...; model_ops.silu(gate) * up into self.w_down
         if self.cfg.style == "gpt":
             h, = column_parallel_linear(x, [self.fc1], self.overlap)                  # [B, S, F/n]
             return row_parallel_linear(model_ops.gelu(h), self.fc2, self.overlap)     # [B, S/n, H]

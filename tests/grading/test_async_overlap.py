@@ -2,7 +2,11 @@
 
 Numerics run on 1, 2, 3 and 4 ranks without a link model; overlap runs on 2 ranks over the
 simulated ``dgx-h100`` link, and is read from each rank's own profiler trace: the share of every
-graded all-reduce's ``link`` span that the rank's compute covers (``workbook.trace``).
+graded all-reduce's ``link`` span that the rank's compute covers (``workbook.trace``). The
+prediction, ``predict_pipelined_ms``, is pure arithmetic: it is judged, without ranks, against the
+package's model of the pipelined schedule (``async_overlap_report.pipelined_model_ms``) on several
+links, rank counts and shapes, and a known wrong derivation is named
+(``workbook.grading.predictions``).
 
 While the lab runs, ``dist.all_reduce`` is watched by a spy that behaves as a GPU would: an
 asynchronous all-reduce's result lands in the tensor only when its work is waited on. A lab that
@@ -427,3 +431,72 @@ test_overlapped_all_reduce_numbers, test_overlapped_all_reduce_hides_communicati
     _exercise_tests("overlapped_all_reduce", 2, 3)
 test_pipelined_all_reduce_numbers, test_pipelined_all_reduce_hides_communication = \
     _exercise_tests("pipelined_all_reduce", 2, 3)
+
+
+# --------------------------------------------------------------------------- the prediction
+PREDICTION_FLOPS = 40e9          # a fixed calibration: the grader's links do not depend on the CPU
+# (preset, n, chunks, rows, d_in, d_out): link-bound on 2 ranks, compute-bound on 4, link-bound
+# on 3 over PCIe; so neither a constant nor a formula that assumes one regime passes them all
+PREDICTION_SETTINGS = (("dgx-h100", 2, 4, 256, 1536, 2048),
+                       ("dgx-h100", 4, 3, 256, 8192, 2048),
+                       ("pcie-h100", 3, 5, 64, 32768, 512))
+
+
+def _prediction_mistakes(link, n, chunks, rows, d_in, d_out) -> dict[str, float]:
+    """The classic wrong derivations of the pipeline's step time, by the term they get wrong."""
+    from workbook.communication.async_overlap_report import pipelined_step_s
+    payload = 4.0 * rows * d_out
+    bus = 2 * (n - 1) / n
+    c = 2.0 * rows * d_in * d_out / link.local_flops
+    a = link.latency_s + payload * bus / link.bandwidth_Bps
+
+    def step(c_, a_):
+        return pipelined_step_s(c_, a_, chunks) * 1e3
+
+    return {
+        "used the payload bytes where the ring all-reduce moves the bus bytes, 2(n-1)/n times the "
+        "payload (lesson 2)": step(c, link.latency_s + payload / link.bandwidth_Bps),
+        "counted 2 x the payload bytes, forgetting the (n-1)/n factor of the bus bytes":
+            step(c, link.latency_s + 2 * payload / link.bandwidth_Bps),
+        "left out the latency (alpha) of each all-reduce": step(c, a - link.latency_s),
+        "counted one FLOP per multiply-add: a [rows, d_in] x [d_in, d_out] matmul does 2 FLOPs "
+        "per multiply-add": step(c / 2, a),
+        "added every chunk's compute and all-reduce one after the other, as if nothing "
+        "overlapped": chunks * (c + a) * 1e3,
+        "charged the longer of compute and all-reduce per chunk but left out the piece that "
+        "nothing hides: the first chunk's compute, or the last chunk's all-reduce":
+            chunks * max(c, a) * 1e3,
+        "assumed compute always hides the link (every chunk's compute plus one all-reduce), "
+        "while here the all-reduces are the longer piece": (chunks * c + a) * 1e3,
+        "assumed the link is always the longer piece (one compute plus every all-reduce), "
+        "while here compute is": (c + chunks * a) * 1e3,
+        "returned seconds: the prediction is in milliseconds": step(c, a) / 1e3,
+    }
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("predict_pipelined_ms")
+def test_predict_pipelined_ms():
+    """Your predicted step time of the pipeline against the model of the same schedule, on
+    several links, rank counts and shapes; a known wrong derivation is named by its term."""
+    from workbook import link as link_module
+    from workbook.communication.async_overlap_report import pipelined_model_ms
+    from workbook.grading.labs import load_lab
+    from workbook.grading.predictions import judge_prediction
+    lab = load_lab("async_overlap")
+    for preset, n, chunks, rows, d_in, d_out in PREDICTION_SETTINGS:
+        link = link_module.make_link(preset, PREDICTION_FLOPS)
+        call = (f"predict_pipelined_ms(link, n={n}, chunks={chunks}, rows={rows}, d_in={d_in}, "
+                f"d_out={d_out}) on the simulated {preset} link calibrated to "
+                f"{PREDICTION_FLOPS / 1e9:.0f} GFLOP/s (latency {link.latency_s * 1e3:.2f} ms, "
+                f"bandwidth {link.bandwidth_Bps / 1e6:.2f} MB/s)")
+        got = lab.predict_pipelined_ms(link, n, chunks, rows, d_in, d_out)
+        problem = judge_prediction(
+            got, pipelined_model_ms(link, n, chunks, rows, d_in, d_out),
+            _prediction_mistakes(link, n, chunks, rows, d_in, d_out),
+            what="the pipelined step time", unit="ms",
+            terms="each chunk's compute (the matmul's FLOPs over the measured rate), each "
+                  "all-reduce (latency plus bus bytes over bandwidth), and which of them the "
+                  "schedule hides (lesson 3, 'Predicting the pipeline')")
+        if problem:
+            raise AssertionError(f"{call}: {problem}")

@@ -160,12 +160,41 @@ def _results(what: str, n: int):
 
 def _check_values(name: str) -> None:
     for n in world_sizes(*WORLD_SIZES):
-        for rank, cases in enumerate(_results(name, n)):
-            for case in cases:
+        per_rank = _results(name, n)
+        for rank, cases in enumerate(per_rank):
+            for index, case in enumerate(cases):
                 if case["expected"] is None:
                     continue
-                assert_equal_on_rank(case["got"], case["expected"], rank=rank,
-                                     what=f"{case['label']} on {_ranks(n)}: result")
+                try:
+                    assert_equal_on_rank(case["got"], case["expected"], rank=rank,
+                                         what=f"{case['label']} on {_ranks(n)}: result")
+                except AssertionError as exc:
+                    if name != "all_reduce":
+                        raise
+                    why = _all_reduce_diagnosis(per_rank, index)
+                    raise AssertionError(f"{exc}{why}") from None
+
+
+def _all_reduce_diagnosis(per_rank, index: int) -> str:
+    """Which half of an all-reduce (a reduce to one rank, then a broadcast from it) went wrong,
+    read from what every rank holds after one case: the same wrong value everywhere means the
+    reduction, values that differ between ranks mean the sharing."""
+    got = [cases[index]["got"] for cases in per_rank]
+    if len(got) < 2 or not all(isinstance(g, torch.Tensor) and g.shape == got[0].shape
+                               and g.dtype == got[0].dtype for g in got):
+        return ""
+    if all(torch.equal(g, got[0]) for g in got):
+        return (". Every rank holds the same wrong result, so the reduction went wrong before it "
+                "was shared: the reduce half (tree_reduce_matches_builtin tests that build "
+                "alone; lesson 1, \"Trees: ⌈log2 n⌉ rounds\")")
+    right = [r for r, cases in enumerate(per_rank)
+             if torch.equal(got[r], cases[index]["expected"])]
+    many = len(right) > 1
+    held = f"only rank{'s' if many else ''} {', '.join(map(str, right))} " \
+        f"hold{'' if many else 's'}" if right else "no rank holds"
+    return (f". The ranks disagree ({held} the right result), so the reduced result did not "
+            f"reach every rank: the broadcast half (tree_broadcast_matches_builtin tests that "
+            f"build alone; lesson 1, \"Trees: ⌈log2 n⌉ rounds\")")
 
 
 def _sends(case):

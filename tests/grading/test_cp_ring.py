@@ -5,7 +5,11 @@ at once, once where the second block leaves the running max as it is and once wh
 it (a merge that does not rescale the earlier block passes the first and fails the second, and
 is told so); ``block_mask`` on every pair of 4 chunks and ``block_pairs`` on contiguous and
 zig-zag layouts; ``zigzag_layout``: the chunks (and so the positions) each rank holds, and the
-causal work per rank, equal within one chunk's worth (``Layout.causal_work``).
+causal work per rank, equal within one chunk's worth (``Layout.causal_work``);
+``predict_forward_exposed_ms``: the learner's prediction of the zig-zag forward pass's exposed
+K/V exchange against the model (``cp_ring_report.forward_exposed_model_ms``) on three settings
+(presets, rank counts, fp32 and bf16), a known wrong derivation named
+(``forward_exposed_mistakes``: K only, a full block a step, bytes per element, no latency...).
 
 Numerics (fp64, CP = 2 and 4 ranks, a cap of 2 grades both on 2): ``ring_attention_forward``
 (out and lse) and ``RingAttention`` (out, dq, dk, dv) on this rank's positions equal single-device
@@ -297,6 +301,45 @@ def test_zigzag_layout():
         raise AssertionError("zigzag_layout(seq_len=10, n=2) returned a layout; 10 positions do "
                              "not cut into 2n = 4 equal chunks: it must raise a ValueError "
                              "(Layout does, given seq_len and the chunks)")
+
+
+# --------------------------------------------------------------------------- instant: prediction
+# (preset, n, S, B, h, d, dtype): the report's own shape on 2 ranks in fp32, then other presets,
+# rank counts and bf16, so that neither a number nor a shortcut that fits one setting passes
+PREDICTION_CASES = [("dgx-h100", 2, 4096, 1, 4, 64, torch.float32),
+                    ("dgx-h100-ib", 3, 6144, 1, 8, 64, torch.bfloat16),
+                    ("dgx-h100", 4, 8192, 2, 4, 32, torch.bfloat16)]
+PREDICTION_FLOPS = 1e11       # the compute rate of the links the prediction is judged on
+PREDICTION_TERMS = ("one hop's time (the latency, plus the bytes of K and V of a rank's positions "
+                    "over the bandwidth), each step's attention (how many chunk-sized blocks the "
+                    "zig-zag split computes at that step, one block's FLOPs, the compute rate), "
+                    "which steps have a hop behind them, and per hop only what outlasts its step")
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("predict_forward_exposed_ms")
+def test_predict_forward_exposed():
+    """The predicted exposed K/V exchange of the forward pass equals the model's on every setting;
+    a known wrong derivation is named."""
+    from workbook.context_parallel.cp_ring_report import forward_exposed_mistakes, \
+        forward_exposed_model_ms
+    from workbook.grading.predictions import judge_prediction
+    from workbook.link import make_link
+    lab = _lab()
+    for preset, n, S, b, h, d, dtype in PREDICTION_CASES:
+        lk = make_link(preset, PREDICTION_FLOPS)
+        e = torch.empty((), dtype=dtype).element_size()
+        shape = (n, S, b, h, d)
+        got = lab.predict_forward_exposed_ms(lk, *shape, dtype)
+        what = (f"the forward pass's exposed K/V exchange (zig-zag, {ranks_label(n)}, S={S}, "
+                f"B={b}, h={h}, d={d}, {str(dtype).removeprefix('torch.')}, {preset} calibrated to "
+                f"{PREDICTION_FLOPS / 1e9:.0f} GFLOP/s: alpha {lk.latency_s * 1e3:.3g} ms, "
+                f"{lk.bandwidth_Bps / 1e6:.4g} MB/s)")
+        message = judge_prediction(got, forward_exposed_model_ms(lk, *shape, e),
+                                   forward_exposed_mistakes(lk, *shape, e), what=what,
+                                   terms=PREDICTION_TERMS)
+        if message:
+            raise AssertionError(f"predict_forward_exposed_ms: {message}")
 
 
 # --------------------------------------------------------------------------- rank side: numerics

@@ -10,6 +10,10 @@ Numerics (fp64, no link model): the loss, the final hidden states and every grad
 vanilla TP, for p = 2 and 4 chunks, TP = 2 and 4, GPT (with dropout) and Llama blocks, intra- and
 inter-layer. The handle registry must be empty after every step.
 
+The prediction (no ranks, instant): ``predict_exposed_ms`` is judged against the lesson's planner
+of the same schedule (``domino_plan.exposed_ms``) on several compute-bound settings, and a known
+wrong derivation is named by its term (``workbook.grading.predictions``).
+
 Overlap (fp32, 2 ranks, simulated ``dgx-h100`` link): one Domino training step is profiled, and the
 share of the link's all-reduce time covered by the rank's own compute is read from its trace,
 separately for the all-reduces issued in the forward pass and in the backward pass. Exposed time
@@ -194,19 +198,42 @@ def _expected_grad(name, ref_grads, rank, world):
     return slice_for_rank(ref_grads[name], spec, rank, world)
 
 
+# which sub-step of the component a wrong number points to: the same words at every level, in
+# terms of the spec (a challenge-level answer has no finer tasks to name)
+FORWARD_SUBSTEPS = ("the forward pass differs: check the chunks (rows of the batch, joined back in "
+                    "batch order), each unit's input (the pre-norm of the chunk's up-to-date hidden "
+                    "state), each partial sum's forward all-reduce, waited for before the sublayer "
+                    "completes, and the head's loss share (over the whole batch's tokens)")
+COLUMN_SUBSTEPS = ("the column split differs: every piece's all-reduce must have arrived before the "
+                   "sublayer completes, and the pieces join along the features in piece order")
+BACKWARD_SUBSTEPS = ("the forward pass is right and the backward is not: check the backward "
+                     "functions (the asynchronous f starts the all-reduce of the input gradient, the "
+                     "no-op waits for it under the same key before the norm's backward, g's backward "
+                     "is the identity) and where each sits (the no-op on the normed input, f on the "
+                     "input of the column-parallel half)")
+
+
 def _compare(label, got_loss, got_h, m, got_xgrad, want, rank, world) -> None:
     ref_loss, ref_h, ref_grads, ref_xgrad = want
-    assert_equal_on_rank(got_loss.detach().reshape(1), ref_loss.reshape(1), rank=rank,
-                         what=f"{label}: loss", **TOL)
-    assert_equal_on_rank(got_h.detach() if isinstance(got_h, torch.Tensor) else got_h, ref_h,
-                         rank=rank, what=f"{label}: final hidden states (chunks in batch order)", **TOL)
+    try:
+        assert_equal_on_rank(got_loss.detach().reshape(1), ref_loss.reshape(1), rank=rank,
+                             what=f"{label}: loss", **TOL)
+        assert_equal_on_rank(got_h.detach() if isinstance(got_h, torch.Tensor) else got_h, ref_h,
+                             rank=rank, what=f"{label}: final hidden states (chunks in batch order)",
+                             **TOL)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n  {FORWARD_SUBSTEPS if m is not None else COLUMN_SUBSTEPS}") \
+            from None
     if m is None:
         return
-    assert_equal_on_rank(got_xgrad, ref_xgrad, rank=rank, what=f"{label}: gradient of the input x",
-                         **TOL)
-    for name, p in m.params.items():
-        assert_equal_on_rank(p.grad, _expected_grad(name, ref_grads, rank, world), rank=rank,
-                             what=f"{label}: gradient of {name} (this rank's shard)", **TOL)
+    try:
+        assert_equal_on_rank(got_xgrad, ref_xgrad, rank=rank, what=f"{label}: gradient of the input x",
+                             **TOL)
+        for name, p in m.params.items():
+            assert_equal_on_rank(p.grad, _expected_grad(name, ref_grads, rank, world), rank=rank,
+                                 what=f"{label}: gradient of {name} (this rank's shard)", **TOL)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n  {BACKWARD_SUBSTEPS}") from None
 
 
 def _numerics(kind: str) -> list[dict]:
@@ -480,3 +507,113 @@ def test_forward_communication_hidden(trace_root):
 @pytest.mark.tasks("schedule", "prepare", "AsyncCopyToTP.backward", "WaitInBackward.backward")
 def test_backward_communication_hidden(trace_root):
     _check_overlap("backward", trace_root)
+
+
+# --------------------------------------------------------------------------- the prediction
+# (preset, local FLOP/s, model, batch, p, ranks, inter_layer): fixed calibrations, so the graded
+# links do not depend on this CPU; every setting is compute-bound (each chunk's forward compute of
+# a stage, the head's included, outlasts one chunk's all-reduce: ``domino_plan.chunk_seconds``),
+# on 2 and 4 ranks, p = 3 and 4, 1 to 3 layers, with and without inter-layer overlap, so that
+# neither a constant nor a formula missing a term passes them all
+PREDICTION_SETTINGS = (
+    ("dgx-h100", 100e9, dict(hidden=2048, heads=16, ffn_hidden=8192, n_layers=2, seq_len=256,
+                             vocab_size=8192), 8, 4, 2, True),
+    ("dgx-a100", 50e9, dict(hidden=2048, heads=16, ffn_hidden=8192, n_layers=1, seq_len=128,
+                            vocab_size=16384), 12, 3, 4, True),
+    ("dgx-h100", 200e9, dict(hidden=4096, heads=32, ffn_hidden=16384, n_layers=2, seq_len=256,
+                             vocab_size=16384), 8, 4, 4, False),
+    ("dgx-h100-ib", 100e9, dict(hidden=4096, heads=32, ffn_hidden=16384, n_layers=3, seq_len=128,
+                                vocab_size=16384), 6, 3, 2, False),
+)
+
+
+def _prediction_model_ms(lk, model: dict, batch: int, p: int, ranks: int, inter_layer: bool) -> float:
+    """The planner's exposed communication of the order that hides communication (lesson 6)."""
+    from workbook.tensor_parallel.domino_plan import exposed_ms
+    return exposed_ms(_hiding_order, inter_layer=inter_layer, model=model, batch=batch, p=p,
+                      flops_rate=lk.local_flops, lk=lk, ranks=ranks)
+
+
+def _prediction_mistakes(lk, model: dict, batch: int, p: int, ranks: int,
+                         inter_layer: bool) -> dict[str, float]:
+    """The classic wrong derivations of Domino's exposed communication, by the term they miss."""
+    n_layers = model["n_layers"]
+    chunk = 4.0 * batch * model["seq_len"] / p * model["hidden"]     # one chunk's fp32 bytes
+    bus = 2.0 * (ranks - 1) / ranks
+
+    def one(nbytes=chunk, factor=bus, latency=True) -> float:       # one all-reduce, in ms
+        return ((lk.latency_s if latency else 0.0) + nbytes * factor / lk.bandwidth_Bps) * 1e3
+
+    exposed = 1 if inter_layer else 2 * n_layers                    # all-reduces left exposed
+    mistakes = {
+        "assume Domino hides every all-reduce: the backward pass's last all-reduce (the input "
+        "gradient of the first sublayer) starts after the last compute and has nothing left to "
+        "hide behind": 0.0,
+        "count every all-reduce of the step as exposed, as vanilla TP's blocking ones are: only "
+        "those with no compute between their start and their wait are exposed":
+            4 * n_layers * one(chunk * p),
+        "count every chunk's all-reduce as exposed: only those with no compute between their "
+        "start and their wait are": 4 * n_layers * p * one(),
+        "price the exposed all-reduce with the whole batch's bytes: a Domino all-reduce carries "
+        "one chunk's activations": exposed * one(chunk * p),
+        "use the payload bytes where the ring all-reduce moves the bus bytes, 2(n-1)/n times the "
+        "payload": exposed * one(factor=1.0),
+        "count 2 x the payload bytes, forgetting the (n-1)/n factor of the bus bytes":
+            exposed * one(factor=2.0),
+        "leave out the latency (alpha) that every all-reduce pays": exposed * one(latency=False),
+        "count 2-byte elements: the lab's activations, and so its messages, are fp32 (4 bytes)":
+            exposed * one(chunk / 2),
+        "return seconds: the prediction is in milliseconds": exposed * one() / 1e3,
+    }
+    if inter_layer:
+        mistakes.update({
+            "wait at every layer boundary, as the intra-layer schedule does: with inter-layer "
+            "overlap the next layer's first chunks compute while the last all-reduces travel":
+                2 * n_layers * one(),
+            "count the last all-reduce of both passes: the forward's last ones hide behind the "
+            "head's compute of the other chunks": 2 * one(),
+        })
+    else:
+        mistakes.update({
+            "count one exposed all-reduce, as with inter-layer overlap: with inter_layer=False "
+            "every layer ends by waiting for its last all-reduce, in the forward pass and, in "
+            "reverse, in the backward pass": one(),
+            "count the layer ends of the forward pass only: the backward pass, the forward's "
+            "order reversed, stops at every layer boundary too": n_layers * one(),
+        })
+    return mistakes
+
+
+def _prediction_problem(predict) -> str | None:
+    """None when ``predict`` gives the model's exposed ms for every setting; else the message."""
+    from workbook import link as link_module
+    from workbook.grading.predictions import judge_prediction
+    for preset, flops, model, batch, p, ranks, inter_layer in PREDICTION_SETTINGS:
+        lk = link_module.make_link(preset, flops)
+        shape = ", ".join(f"{k}={v}" for k, v in model.items())
+        call = (f"predict_exposed_ms(link, model=dict({shape}), batch={batch}, p={p}, "
+                f"ranks={ranks}, inter_layer={inter_layer}) on the simulated {preset} link "
+                f"calibrated to {flops / 1e9:.0f} GFLOP/s (latency {lk.latency_s * 1e3:.2f} ms, "
+                f"bandwidth {lk.bandwidth_Bps / 1e6:.2f} MB/s)")
+        got = predict(lk, model, batch, p, ranks, inter_layer)
+        problem = judge_prediction(
+            got, _prediction_model_ms(lk, model, batch, p, ranks, inter_layer),
+            _prediction_mistakes(lk, model, batch, p, ranks, inter_layer),
+            what="the exposed communication of one Domino step", unit="ms",
+            terms="one chunk's all-reduce (latency, plus the chunk's fp32 bytes times the bus "
+                  "factor 2(n-1)/n, over the bandwidth), and how many all-reduces have no compute "
+                  "between their start and their wait, in each pass (lesson 6, 'Predict before "
+                  "you run')")
+        if problem:
+            return f"{call}: {problem}"
+    return None
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("predict_exposed_ms")
+def test_predict_exposed_ms():
+    """Your predicted exposed communication of a Domino step against the planner's, on several
+    links, rank counts, shapes and both overlap variants; a known wrong derivation is named."""
+    problem = _prediction_problem(_lab().predict_exposed_ms)
+    if problem:
+        raise AssertionError(problem)

@@ -2,6 +2,10 @@
 
 Buckets (instant, no ranks): ``make_buckets`` on the model's parameters and on made-up sizes.
 
+Prediction (instant, no ranks): ``predict_exposed_ms`` on three settings (links, bucket caps, rank
+counts, models) against the link model of the same figure (``dp_overlap_report.exposed_tail``),
+a known wrong derivation named (``workbook.grading.predictions.judge_prediction``).
+
 Numerics (fp64, 2 and 4 ranks, GPT and Llama): each variant trains the reference model for
 ``STEPS`` Adam steps on its rows of the global batch; the gradient the optimizer reads on the
 first step must be the average over ranks (for ZeRO: this rank's shard of it), and after the
@@ -296,10 +300,13 @@ def _gradient_message(rank, where, name, got, want, n, variant) -> str:
         seen = ("that is not the average of the ranks' gradients (the single-device gradient "
                 "of the whole batch)")
         fix = "every gradient the optimizer reads must be the average over ranks"
-    if variant == "bucketed":
-        fix = ("a bucket divided and all-reduced before all of its gradients were accumulated "
-               "does this: start a bucket's all-reduce only when none of its gradients is "
-               "missing")
+    early = ("a bucket divided and all-reduced before all of its gradients were accumulated "
+             "does this: start a bucket's all-reduce only when none of its gradients is missing")
+    if variant == "bucketed" and abs(s - n) < 1e-6:
+        fix = f"{fix}; if you do, {early}"
+    elif variant == "bucketed" and s != s:
+        fix = (f"{early}; so do gradients that are no longer views into their bucket's flat "
+               f"buffer (zero the buffer in place before a step, never drop the gradients)")
     elif variant != "naive" and s != s:
         fix = ("start a layer's reduce-scatter only once all of its gradients are accumulated, "
                "and hand Adam the shard the reduce-scatter filled")
@@ -335,6 +342,71 @@ def test_make_buckets():
                 if size + nxt.numel() * nxt.element_size() <= cap:
                     raise AssertionError(f"{where}: bucket {i} closed at {size} bytes although "
                                          f"the next parameter would still fit under the cap")
+
+
+PREDICTION_SETTINGS = (        # (model, bucket cap, ranks, link preset): n = 3 and 4 tell the
+    # bus bytes from the payload (equal at n = 2); gpt's two embedding tables (token, position)
+    # at a small cap fill two exposed buckets, llama's one table shares the last bucket; tables
+    # of 0.25-2 MiB make the bandwidth term weigh as much as the latency
+    (dict(style="gpt", hidden=128, vocab_size=4096), 32 << 10, 2, "dgx-h100"),
+    (dict(style="llama", hidden=128, vocab_size=4096), 3 << 20, 4, "dgx-h100-ib"),
+    (dict(style="gpt", hidden=64, vocab_size=1024), 8 << 10, 3, "pcie-h100"))
+LOCAL_FLOPS = 5e10                           # a fixed calibration: the same link on every run
+
+
+def _bucket_params(params, cap: int) -> list[list]:
+    """The parameters, last first, in buckets of at most ``cap`` bytes (the grader's own
+    bucketing: the prediction is graded whatever the lab's make_buckets does)."""
+    buckets, size = [[]], 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if buckets[-1] and size + nbytes > cap:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += nbytes
+    return buckets
+
+
+def _prediction_settings():
+    """Per graded setting: (link, buckets, the first layer's parameters, n, a label)."""
+    from workbook.data_parallel import layer_units
+    from workbook.link.cost_model import make_link
+    from workbook.model import ModelConfig, ReferenceModel
+    for shape, cap, n, preset in PREDICTION_SETTINGS:
+        units = layer_units(ReferenceModel(ModelConfig(n_layers=2, **shape)))
+        buckets = _bucket_params([p for u in units for p in u.parameters()], cap)
+        lk = make_link(preset, local_flops=LOCAL_FLOPS)
+        yield lk, buckets, list(units[0].parameters()), n, (
+            f"on {n} ranks, {lk.label} (alpha {lk.latency_s * 1e3:.3g} ms, "
+            f"{lk.bandwidth_Bps / 1e6:.3g} MB/s), {shape['style']} model in {len(buckets)} "
+            f"buckets of at most {cap >> 10} KiB")
+
+
+def _prediction_problem(predict) -> str | None:
+    """The first setting on which ``predict`` (the lab's ``predict_exposed_ms``) misses the
+    model, with the message naming the wrong term; None when it is right on all of them."""
+    from workbook.data_parallel.dp_overlap_report import TAIL_TERMS, TAIL_WHAT, exposed_tail, \
+        tail_buckets
+    from workbook.grading.predictions import judge_prediction
+    for lk, buckets, first, n, label in _prediction_settings():
+        want, mistakes = exposed_tail(lk, *tail_buckets(buckets, first), n)
+        got = predict(lk, [list(b) for b in buckets], list(first), n)
+        message = judge_prediction(got, want, mistakes, what=TAIL_WHAT, terms=TAIL_TERMS)
+        if message:
+            return f"predict_exposed_ms {label}: {message}"
+    return None
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("predict_exposed_ms")
+def test_predict_exposed_ms():
+    """The exposed tail of bucketed DP, predicted from the link's alpha and beta: right on every
+    setting, a classic wrong derivation named by the term it got wrong."""
+    from workbook.grading.labs import load_lab
+    problem = _prediction_problem(load_lab(LAB).predict_exposed_ms)
+    if problem:
+        raise AssertionError(problem)
 
 
 def _numbers_test(points: float, task: str, variants: tuple, doc: str):
@@ -410,6 +482,10 @@ def _check_traffic(variant: str, trace_root) -> None:
         for rank, res in enumerate(per_rank):
             r = res[variant]
             raise_if_failed(r, rank, n, f"one traced step of {NAMES[variant]}")
+            if variant == "bucketed" and not r["buckets"]:
+                raise AssertionError(f"rank {rank}: BucketedDP on {ranks_label(n)} has no "
+                                     f"buckets: its spec keeps them, as flat buffers in bucket "
+                                     f"order, in the trainer's `buckets`")
             b, units = r["element_bytes"], r["units"]
             padded = [-(-u // n) * n * b for u in units]
             psi, L = sum(r["params"]) * b, len(units)

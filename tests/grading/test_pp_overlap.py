@@ -14,6 +14,11 @@ Traffic (2 and 3 stages, from the trace of one step): how many sends and receive
 ran and how many bytes, against one activation ``[b, S, H]`` per micro-batch per boundary, each
 way.
 
+Prediction (instant, no ranks): ``predict_step_ms`` for two pipelines on two link presets,
+against the model (``workbook.pipeline_parallel.pp_overlap_report.step_model``: ``simulate`` of
+the textbook 1F1B with the link's alpha-beta time for one activation); a value that equals a
+classic wrong derivation gets a message naming that term.
+
 Overlap (fp32, 2 stages, simulated ``dgx-h100`` link), through the shared timing policy
 (``workbook.grading.timing``): structure first (a send waited on right after it was posted, a
 receive posted only when its data was needed, both read from the link's log), then the share of
@@ -116,6 +121,42 @@ def test_one_f_one_b_schedule():
         problem = _schedule_problem(lab, "1f1b", p, m)
         if problem:
             raise AssertionError(problem)
+
+
+# --------------------------------------------------------------------------- prediction
+PREDICTION_CASES = [            # (link preset, p, m, activation shape, itemsize, t_fwd, t_bwd ms)
+    ("dgx-h100", 2, 8, (2, 256, 256), 4, 30.0, 60.0),
+    ("pcie-h100", 4, 6, (1, 128, 512), 8, 80.0, 170.0),
+]
+PREDICTION_FLOPS = 40e9         # the local matmul rate the links are calibrated to
+
+
+@pytest.mark.points(3)
+@pytest.mark.tasks("predict_step_ms")
+def test_predict_step_ms():
+    """The step of 1F1B with overlapped p2p, predicted from the link's alpha-beta figures and
+    the compute, for two pipelines on two links: equal to the model's."""
+    from workbook.grading.labs import load_lab
+    from workbook.grading.predictions import judge_prediction
+    from workbook.link.cost_model import make_link
+    from workbook.pipeline_parallel.pp_overlap_report import step_model
+    lab = load_lab(LAB)
+    for preset, p, m, shape, itemsize, t_fwd, t_bwd in PREDICTION_CASES:
+        link = make_link(preset, PREDICTION_FLOPS)
+        schedules = [_expected("1f1b", p, m, s) for s in range(p)]
+        model, mistakes = step_model(schedules, link, shape, itemsize, t_fwd, t_bwd)
+        got = lab.predict_step_ms(link, p, m, shape, itemsize, t_fwd, t_bwd)
+        problem = judge_prediction(
+            got, model, mistakes, what="the step of 1F1B with overlapped p2p",
+            terms="one transfer = the link's latency + the activation's bytes (rows x seq x "
+                  "hidden x itemsize) / its bandwidth, in ms; the step of every stage's 1F1B "
+                  "actions played with the forward, backward and transfer times (lesson 10, "
+                  "section 4)")
+        if problem:
+            raise AssertionError(
+                f"predict_step_ms(link={preset} ({1e3 * link.latency_s:.3g} ms latency, "
+                f"{link.bandwidth_Bps / 1e9:.3g} GB/s), p={p}, m={m}, shape={shape}, "
+                f"itemsize={itemsize}, t_fwd_ms={t_fwd}, t_bwd_ms={t_bwd}): {problem}")
 
 
 # --------------------------------------------------------------------------- rank side
@@ -311,9 +352,9 @@ def _structure(r: dict, phases=()) -> str | None:
                 f"a send with dist.isend and wait for it only in finish(), after the last action")
     if r["at_once"]["recv"] > EXPOSED_P2P:
         return (f"{where}: {r['at_once']['recv']} of its {r['count']['recv']} receives were posted "
-                f"only when their data was needed and waited on at once: post the next action's "
-                f"receive at the start of the current action (prefetch), so it travels while "
-                f"this one computes")
+                f"only when their data was needed and waited on at once: post each action's "
+                f"receive one action ahead, before the action in front of it computes, so it "
+                f"travels while that one computes")
     return None
 
 

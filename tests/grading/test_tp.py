@@ -7,6 +7,13 @@ ranks) and returns each rank's outputs and gradient pieces. The reference runs o
 in this process; each rank's piece is compared with the matching slice of the reference
 (``workbook.grading.model_checks``, shared with the sp grader). A second, traced run on a
 simulated link reads the block's collectives per phase from the PyTorch-profiler trace.
+
+Checks that teach at every level: the model's test first grades its sub-steps on their own (the
+vocab-parallel embedding, the vocab-parallel loss), so a wrong answer is named by the sub-step
+that went wrong even when the learner wrote them as one component (``--level challenge``); and a
+failure is followed by a likely cause when the ranks' pieces match a classic mistake (a gradient
+that is one rank's share of the sum, a bias counted n times, lookups never summed, a maximum
+taken per rank, a target logit not masked), said in terms of the spec and the lesson.
 """
 from __future__ import annotations
 
@@ -14,9 +21,9 @@ import pytest
 import torch
 
 from workbook.grading.engine import graded_size, on_ranks, world_sizes
-from workbook.grading.model_checks import B, STEP, build_errors, check_divisibility, check_ops, \
-    check_part, configs, cut, grads, ints, raise_if_failed, randn, run_case, run_every_part, \
-    to_cpu, traced_block_phases
+from workbook.grading.model_checks import B, STEP, build_errors, check_divisibility, check_grads, \
+    check_ops, check_part, compare, configs, cut, grads, ints, raise_if_failed, randn, reference, \
+    run_case, run_every_part, to_cpu, tolerance, traced_block_phases
 
 TIMEOUT_S = 120.0
 LAB = "tp"
@@ -107,8 +114,34 @@ def _run_model(lab, tag, cfg, rank, n, dev) -> list[dict]:
              "calls": {"forward": fwd, "backward": bwd}, "full_logits": big}]
 
 
+def _run_embedding(lab, tag, cfg, rank, n, dev) -> list[dict]:
+    """The vocab-parallel embedding alone: its output and its parameters' gradients."""
+    from workbook.model import make_batch
+    emb = lab.VocabParallelEmbedding(cfg, dev)
+    tokens, _ = make_batch(cfg, B, seed=5, device=dev)
+    h = emb(tokens)
+    h.backward(randn(LAB, (B, cfg.seq_len, cfg.hidden), cfg.torch_dtype, tag, "embed", "dy").to(dev))
+    return [{"label": "VocabParallelEmbedding", "out": h.detach(), "grads": grads(emb)}]
+
+
+def _run_loss(lab, tag, cfg, rank, n, dev) -> list[dict]:
+    """The vocab-parallel loss alone, on this rank's slice of large logits."""
+    from workbook.model import make_batch
+    logits = cut(_loss_logits(tag, cfg), "last", rank, n).to(dev).requires_grad_()
+    _, targets = make_batch(cfg, B, seed=5, device=dev)
+    loss = lab.vocab_parallel_cross_entropy(logits, targets, cfg.vocab_size)
+    loss.backward()
+    return [{"label": "vocab_parallel_cross_entropy", "out": loss.detach(), "grad_in": logits.grad}]
+
+
+def _loss_logits(tag, cfg):
+    """Logits [B, S, V] large enough that a loss without the shift by the maximum overflows."""
+    return 40.0 * randn(LAB, (B, cfg.seq_len, cfg.vocab_size), cfg.torch_dtype, tag, "loss", "z")
+
+
 PARTS = {"linear": _run_linears, "mlp": _run_module("mlp"), "attn": _run_module("attn"),
-         "block": _run_module("block"), "model": _run_model}
+         "block": _run_module("block"), "embed": _run_embedding, "loss": _run_loss,
+         "model": _run_model}
 
 
 def _run_all() -> dict:
@@ -134,13 +167,196 @@ def _results(n):
 
 def _part_test(part: str, points: int, tasks: tuple, doc: str):
     """The grading test of one part of the lab: every rank's outputs and gradient pieces on
-    every world size and config, against the reference (``tp_checks.check_part``)."""
+    every world size and config, against the reference
+    (``workbook.grading.model_checks.check_part``)."""
     @pytest.mark.points(points)
     @pytest.mark.tasks(*tasks)
     def test():
-        check_part(LAB, part, _results, _linears)
+        if part == "model":
+            _with_likely_cause(_check_vocab_steps, _vocab_causes)
+        _with_likely_cause(lambda: check_part(LAB, part, _results, _linears),
+                           lambda: _part_causes(part))
     test.__doc__ = doc
     return test
+
+
+# --------------------------------------------------------------------------- checks that teach
+def _with_likely_cause(check, causes) -> None:
+    """Run ``check``; on a failure, add the first classic mistake that ``causes()`` recognises
+    in the ranks' results (a sentence), if any."""
+    try:
+        check()
+    except AssertionError as exc:
+        try:
+            cause = causes()
+        except Exception:                          # noqa: BLE001 - a diagnosis never hides the verdict
+            cause = None
+        if cause is None:
+            raise
+        raise AssertionError(f"{exc}\nLikely cause: {cause}") from None
+
+
+def _close(a, b, cfg) -> bool:
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    tol = tolerance(cfg)
+    return a.shape == b.shape and torch.allclose(a, b, rtol=max(tol["rtol"], 1e-6),
+                                                 atol=max(tol["atol"], 1e-6) * (1 + b.abs().max()))
+
+
+def _entries(part, sizes=(2, 3, 4)):
+    """``(n, tag, cfg, [every rank's cases])`` for each graded world size of ``sizes`` and
+    config where every rank ran ``part`` to the end."""
+    for n in world_sizes(*sizes):
+        per_rank = _results(n)
+        for tag, cfg in configs(n):
+            entries = [res.get((part, tag)) for res in per_rank]
+            if all(isinstance(e, list) for e in entries):
+                yield n, tag, cfg, entries
+
+
+def _part_causes(part: str) -> str | None:
+    """A classic mistake of the linears, the MLP or the attention, read from every rank's
+    pieces: the input gradient left as one rank's share (f's backward), the row bias counted
+    once per rank (added before the sum)."""
+    from workbook.model import local_weight
+    from workbook.tensor_parallel.mappings import row_parallel_name
+    if part not in ("linear", "mlp", "attn"):
+        return None
+    for n, tag, cfg, entries in _entries(part):
+        for k, case in enumerate(entries[0]):
+            ref = reference(LAB, part, tag, cfg, _linears(cfg))
+            r = ref[case["name"]] if part == "linear" else ref
+            if case["in"] is None and case["grad_in"] is not None:
+                pieces = [e[k]["grad_in"] for e in entries]
+                if not _close(pieces[0], r.grad_input, cfg) and \
+                        _close(sum(p.to(torch.float64) for p in pieces), r.grad_input, cfg):
+                    return (f"in {case['label']} ({tag}, tp={n}) each rank's gradient of the "
+                            f"replicated input is its own share, and only their sum over the ranks "
+                            f"is the reference's: the operator that enters a parallel region (f) "
+                            f"must make every rank's input gradient the whole one in backward "
+                            f"(lesson 4, \"The conjugate pair f and g\").")
+            row = case["name"] if part == "linear" and "Row" in case["label"] else \
+                f"blocks.1.{row_parallel_name(cfg, part)}" if part != "linear" else None
+            if row is not None and case["out_layout"] is None and cfg.style == "gpt":
+                bias = local_weight(cfg, f"{row}.bias", 0, 1)
+                if _close(case["out"], r.out + (n - 1) * bias, cfg):
+                    copies = "1 extra copy" if n == 2 else f"{n - 1} extra copies"
+                    return (f"{case['label']} ({tag}, tp={n}) outputs the reference plus {copies} "
+                            f"of the bias of {row}: that bias is replicated, so adding it on "
+                            f"every rank before the sum over the ranks counts it {n} times; it "
+                            f"belongs after the sum, once (lesson 4, \"Splitting a linear layer\", "
+                            f"the bias rule).")
+    return None
+
+
+def _reference_embedding(tag, cfg):
+    """The single-device embedding's output, parameter gradients and the batch's tokens."""
+    from workbook.model import grads_by_name, make_batch
+    from workbook.model.reference import Embedding
+    key = ("tp-embed", tag)
+    if key not in _VOCAB_REFERENCES:
+        emb = Embedding(cfg, "embed")
+        tokens, targets = make_batch(cfg, B, seed=5)
+        h = emb(tokens)
+        h.backward(randn(LAB, (B, cfg.seq_len, cfg.hidden), cfg.torch_dtype, tag, "embed", "dy"))
+        _VOCAB_REFERENCES[key] = (h.detach(), grads_by_name(emb), tokens, targets, emb)
+    return _VOCAB_REFERENCES[key]
+
+
+def _reference_loss(tag, cfg):
+    """The single-device cross-entropy of the graded logits, and its gradient."""
+    from workbook.model import ops
+    key = ("tp-loss", tag)
+    if key not in _VOCAB_REFERENCES:
+        _, _, _, targets, _ = _reference_embedding(tag, cfg)
+        z = _loss_logits(tag, cfg).requires_grad_()
+        loss = ops.cross_entropy(z, targets)
+        loss.backward()
+        _VOCAB_REFERENCES[key] = (loss.detach(), z.grad)
+    return _VOCAB_REFERENCES[key]
+
+
+_VOCAB_REFERENCES: dict = {}
+
+
+def _check_vocab_steps() -> None:
+    """The model's sub-steps on their own, before the model: the embedding (output and
+    gradients of the rank's rows) and the loss (value and the gradient of the rank's logits)."""
+    for n in world_sizes(1, 2, 3, 4):
+        per_rank = _results(n)
+        for tag, cfg in configs(n):
+            tol = tolerance(cfg)
+            out, emb_grads, *_ = _reference_embedding(tag, cfg)
+            loss, dz = _reference_loss(tag, cfg)
+            for rank, res in enumerate(per_rank):
+                entry = res[("embed", tag)]
+                raise_if_failed(entry, rank, n, f"VocabParallelEmbedding ({tag})")
+                where = f"VocabParallelEmbedding ({tag}, tp={n})"
+                compare(entry[0]["out"], out, rank=rank, what=f"{where}: output", **tol)
+                check_grads(entry[0]["grads"], emb_grads, rank=rank, n=n, where=where, tol=tol)
+                entry = res[("loss", tag)]
+                raise_if_failed(entry, rank, n, f"vocab_parallel_cross_entropy ({tag})")
+                where = f"vocab_parallel_cross_entropy ({tag}, tp={n}, large logits)"
+                compare(entry[0]["out"], loss, rank=rank, what=f"{where}: loss", **tol)
+                compare(entry[0]["grad_in"], cut(dz, "last", rank, n), rank=rank,
+                        what=f"{where}: gradient of this rank's logits", **tol)
+
+
+def _vocab_causes() -> str | None:
+    """A classic mistake of the vocab-parallel sub-steps, recognised from every rank's
+    results: lookups never summed, ids of other ranks looked up, a maximum taken per rank, a
+    target logit not masked, no shift by the maximum."""
+    for n, tag, cfg, entries in _entries("embed"):
+        out, _, tokens, _, emb = _reference_embedding(tag, cfg)
+        got = [e[0]["out"].to(torch.float64) for e in entries]
+        if _close(got[0], out, cfg):
+            continue
+        S, V = cfg.seq_len, cfg.vocab_size
+        pos = emb.pos.weight[:S].detach().to(torch.float64) if cfg.style == "gpt" else 0.0
+        if _close(sum(got), out + (n - 1) * pos, cfg) or _close(sum(got) - (n - 1) * pos, out, cfg):
+            return (f"VocabParallelEmbedding ({tag}, tp={n}): each rank's output holds only the "
+                    f"tokens of its own vocabulary rows; the n partial embeddings must be summed "
+                    f"over the ranks so that every rank holds the whole one (lesson 4, \"Attention "
+                    f"and the vocabulary\").")
+        table = emb.tok.weight.detach().to(torch.float64)
+        rows = V // n
+        unmasked = [table[(tokens - r * rows).clamp(0, rows - 1) + r * rows] for r in range(n)]
+        if _close(got[0], sum(unmasked) + pos, cfg):
+            return (f"VocabParallelEmbedding ({tag}, tp={n}): every rank looked up a row for every "
+                    f"token, its own or not; a token another rank holds must contribute zeros here "
+                    f"(lesson 4, \"Attention and the vocabulary\").")
+    for n, tag, cfg, entries in _entries("loss", (1, 2, 3, 4)):
+        loss, _ = _reference_loss(tag, cfg)
+        got = entries[0][0]["out"].to(torch.float64)
+        if _close(got, loss, cfg):
+            continue
+        if not torch.isfinite(got):
+            return (f"vocab_parallel_cross_entropy ({tag}, tp={n}) is not finite for large logits "
+                    f"(40 times a standard normal): the exponentials overflow; shift the logits by their maximum over "
+                    f"the whole vocabulary first (lesson 4, \"Attention and the vocabulary\").")
+        _, _, _, targets, _ = _reference_embedding(tag, cfg)
+        z = _loss_logits(tag, cfg).to(torch.float64)
+        pieces, V = z.chunk(n, dim=-1), cfg.vocab_size
+        rows = V // n
+        local_max = sum((p - p.amax(-1, keepdim=True)).exp().sum(-1) for p in pieces).log()
+        owner_max = torch.stack([p.amax(-1) for p in pieces]).gather(
+            0, (targets // rows).unsqueeze(0)).squeeze(0)
+        per_rank_max = (local_max - (z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - owner_max)).mean()
+        if _close(got, per_rank_max, cfg):
+            return (f"vocab_parallel_cross_entropy ({tag}, tp={n}) matches a loss whose maximum "
+                    f"was taken on each rank's slice only: the ranks' sums of exponentials are then "
+                    f"on different scales; the shift must be the maximum over the whole "
+                    f"vocabulary, the same on every rank (lesson 4, \"Attention and the "
+                    f"vocabulary\").")
+        m = z.amax(-1, keepdim=True)
+        lse = (z - m).exp().sum(-1).log()
+        every = sum((p - m).gather(-1, (targets - r * rows).clamp(0, rows - 1).unsqueeze(-1)).squeeze(-1)
+                    for r, p in enumerate(pieces))
+        if _close(got, (lse - every).mean(), cfg):
+            return (f"vocab_parallel_cross_entropy ({tag}, tp={n}): every rank contributed a "
+                    f"target logit, its own or not; only the rank holding the target id may "
+                    f"contribute it, the others zero (lesson 4, \"Attention and the vocabulary\").")
+    return None
 
 
 @pytest.mark.points(3)
@@ -148,6 +364,31 @@ def _part_test(part: str, points: int, tasks: tuple, doc: str):
                    "scatter_to_tensor_parallel_region", "gather_from_tensor_parallel_region")
 def test_conjugate_ops():
     """f, g, scatter and gather: forward values and backward gradients, exactly."""
+    _with_likely_cause(_check_conjugate_ops, _conjugate_causes)
+
+
+def _conjugate_causes() -> str | None:
+    """f or g that returns this rank's own tensor where the sum over the ranks is due."""
+    for n in world_sizes(2, 3, 4):
+        for rank, res in enumerate(_results(n)):
+            if not isinstance(res["ops"], list):
+                continue
+            full = (B, 4, 6 * n)
+            for case in res["ops"]:
+                if case["op"] == "copy_to_tensor_parallel_region" and \
+                        torch.equal(case["grad"], ints(LAB, full, "g", rank)):
+                    return ("f's backward returned this rank's own gradient: the input fed every "
+                            "rank's slice, so its gradient is the sum of every rank's (lesson 4, "
+                            "\"The conjugate pair f and g\").")
+                if case["op"] == "reduce_from_tensor_parallel_region" and \
+                        torch.equal(case["out"], ints(LAB, full, "x", rank)):
+                    return ("g's forward returned this rank's own partial result: leaving the "
+                            "region, every rank must hold the sum of every rank's (lesson 4, "
+                            "\"Splitting a linear layer\").")
+    return None
+
+
+def _check_conjugate_ops() -> None:
     for n in world_sizes(1, 2, 3, 4):
         full, piece = (B, 4, 6 * n), (B, 4, 6)
         g_sum = sum(ints(LAB, full, "g", r) for r in range(n))

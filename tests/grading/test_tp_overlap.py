@@ -4,6 +4,11 @@ Ring ops (exact, integer-valued fp64, 1-4 ranks): ``exchange``, ``ring_all_gathe
 ``ring_matmul_reduce_scatter`` and ``chunked_matmul_reduce_scatter`` against the collective they
 replace; a shard in the wrong place is named (which shard landed where).
 
+Prediction (no ranks): ``predict_ring_exposed_ms`` against the model of the same schedule
+(``workbook.tensor_parallel.tp_overlap_report.modelled_ring_exposed_ms``) on three links and
+shapes (one where the GEMM hides every exchange), a known wrong derivation named by its term
+(``workbook.grading.predictions.judge_prediction``).
+
 Numerics (as the sp grader, ``workbook.grading.model_checks``): the linears, the MLP, attention and
 the block, under every overlap variant of the lab (``VARIANTS``), equal the single-device
 reference on 1-4 ranks, GPT (with dropout) and Llama, fp64 and fp32: outputs and input gradients
@@ -272,6 +277,39 @@ def test_ring_matmul_reduce_scatter():
 def test_chunked_matmul_reduce_scatter():
     """RS(a W^T) exactly, in 2 chunks of every shard's positions."""
     _check_reduce_scatter("chunked_matmul_reduce_scatter")
+
+
+# (preset, the local FLOP/s it is calibrated to, n, batch, seq, hidden, out_features, bytes per
+# element): each known wrong derivation gives another value than the model's in one of them at least
+PREDICTION_SETTINGS = (
+    ("dgx-h100", 40e9, 2, 1, 512, 2048, 1024, 4),     # the report's first ring
+    ("dgx-a100", 25e9, 4, 2, 512, 512, 1024, 8),      # latency and bytes alike, four ranks, fp64
+    ("dgx-h100", 60e9, 3, 1, 768, 1024, 8192, 2),     # bf16: every GEMM outlasts its exchange
+)
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("predict_ring_exposed_ms")
+def test_predict_ring_exposed_ms():
+    """The prediction of the ring's exposed communication equals the model's on every setting."""
+    from workbook.grading.labs import load_lab
+    from workbook.grading.predictions import judge_prediction
+    from workbook.link import make_link
+    from workbook.tensor_parallel.tp_overlap_report import RING_TERMS, modelled_ring_exposed_ms, \
+        ring_prediction_mistakes
+    lab = load_lab(LAB)
+    for preset, flops, *shape in PREDICTION_SETTINGS:
+        link = make_link(preset, flops)
+        n, batch, seq, hidden, out, size = shape
+        problem = judge_prediction(
+            lab.predict_ring_exposed_ms(link, *shape), modelled_ring_exposed_ms(link, *shape),
+            ring_prediction_mistakes(link, *shape), terms=RING_TERMS,
+            what=f"the exposed communication of your ring_all_gather_matmul on {n} ranks of a "
+                 f"simulated {preset} link calibrated to {flops / 1e9:.0f} GFLOP/s (alpha "
+                 f"{link.latency_s * 1e3:.4g} ms, {link.bandwidth_Bps / 1e6:.4g} MB/s), x [{batch}, "
+                 f"{seq}/{n}, {hidden}], W [{out}, {hidden}], {size}-byte elements")
+        if problem:
+            raise AssertionError(problem)
 
 
 def _part_test(part: str, points: int, tasks: tuple, doc: str):

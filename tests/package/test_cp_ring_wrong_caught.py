@@ -9,7 +9,9 @@ tests/grading/wrong/cp_ring_*/ fails exactly the checks it should, with a messag
 * unbalanced_split: "zig-zag" gives rank r chunks 2r and 2r+1 -> zigzag_layout only, named
   unbalanced with the causal work per rank (the ring itself works on any layout);
 * send_after_compute: each hop posted after the step's attention and waited on at once -> both
-  overlap checks, on structure (no block's compute between a hop's post and its wait).
+  overlap checks, on structure (no block's compute between a hop's post and its wait);
+* prediction_full_block: the prediction of the forward's exposed exchange counts a step's
+  attention as one full (S/n)^2 block -> the prediction only, named as that derivation.
 
 To keep CI short, each folder runs through the self-check engine (``engine.run_checks``: the
 grader's own test functions, the same messages) in this process, on the warm rank pools, under a
@@ -22,7 +24,7 @@ import pytest
 
 from wrong_labs import assert_fails_exactly
 
-INSTANT = ("merge_partials", "block_mask", "zigzag_layout")
+INSTANT = ("merge_partials", "block_mask", "zigzag_layout", "predict_forward_exposed")
 NUMERICS = ("ring_forward", "ring_backward", "attention_sublayer")
 EVERYTHING_BUT_TIMING = INSTANT + NUMERICS + ("ring_traffic",)
 OVERLAP = ("forward_exchange_hidden", "backward_exchange_hidden")
@@ -50,6 +52,10 @@ CASES = {
         t: ["rank ", "waited on right after being posted",
             "post the send/recv of the next block before computing attention on the current one"]
         for t in OVERLAP}),
+    "cp_ring_prediction_full_block": (INSTANT, {
+        "predict_forward_exposed": ["what you get if you count a step's attention as one full "
+                                    "(S/n) x (S/n) block", "zig-zag split computes chunk-sized "
+                                    "blocks", "model gives"]}),
 }
 
 

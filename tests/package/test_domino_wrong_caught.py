@@ -7,7 +7,9 @@ tests/grading/wrong/domino_*/ fails exactly the tests it should, with a message 
 * wrong_chunk_order: chunks joined in reverse -> the numerics tests (final hidden states);
 * early_backward_wait: no lookahead, the backward waits right after starting -> backward overlap;
 * schedule_ignores_lookahead: ``schedule`` prepares each unit right before its compute -> the
-  schedule tests (instant, naming the event that came too early), then backward overlap.
+  schedule tests (instant, naming the event that came too early), then backward overlap;
+* prediction_payload_bytes: ``predict_exposed_ms`` prices the all-reduce with the payload bytes
+  -> the prediction test, naming the bus bytes (on 4 ranks; on 2 the factor is 1).
 
 Each folder is graded through the self-check engine in this process (the grader's own checks
 and messages, on the warm rank pools), one after the other: the overlap tests
@@ -47,6 +49,9 @@ CASES = {
                                            "chunk 0 came before prepare (layer 0, attn) chunk 1"],
         "test_backward_communication_hidden": ["rank ", "backward pass", "WaitInBackward",
                                                "at least 60%"],
+    },
+    "domino_prediction_payload_bytes": {
+        "test_predict_exposed_ms": ["ranks=4", "payload bytes", "bus bytes, 2(n-1)/n"],
     },
 }
 

@@ -11,7 +11,10 @@ tests/grading/wrong/dp_overlap_*/ fails exactly the checks it should, with a mes
   ZeRO overlap tests, on the backward pass's hidden share (a late *wait* is not excused as a
   late peer: ``workbook.link`` learns when every peer finished even for gloo's reduce-scatter);
 * grad_averaged_twice: ZeRO divides by n twice -> the ZeRO-1/2 and ZeRO-3 numerics, naming 1/n;
-* shard_wrong_slice: ZeRO-1/2's Adam steps the next rank's slice -> the ZeRO-1/2 numerics.
+* shard_wrong_slice: ZeRO-1/2's Adam steps the next rank's slice -> the ZeRO-1/2 numerics;
+* prediction_payload_bytes: the exposed tail predicted with payload bytes, not bus bytes ->
+  the prediction test, naming the payload/bus-bytes term (caught at n = 4: equal at n = 2);
+* prediction_all_buckets: every bucket counted as exposed -> the prediction test, naming it.
 
 To keep CI short, each folder runs through the self-check engine (``engine.run_checks``: the
 grader's own test functions, the same messages) in this process, on the warm rank pools, and
@@ -24,6 +27,7 @@ import pytest
 
 from wrong_labs import assert_fails_exactly
 
+PREDICT = ("predict_exposed_ms",)
 BUCKETED = ("make_buckets", "bucketed_dp", "traffic_bucketed", "bucketed_all_reduce_hidden")
 ZERO = ("zero_1_and_2", "zero3", "memory_per_rank", "traffic_zero1", "traffic_zero2",
         "traffic_zero3", "zero2_traffic_hidden", "zero3_gathers_hidden")
@@ -50,6 +54,12 @@ CASES = {
     "dp_overlap_shard_wrong_slice": (ZERO, {
         "zero_1_and_2": ["rank ", "after 3 Adam steps", "though the first step's gradients were "
                          "right", "flat.data[flat.shard]"]}),
+    "dp_overlap_prediction_payload_bytes": (PREDICT, {
+        "predict_exposed_ms": ["predict_exposed_ms on 4 ranks", "the model gives",
+                               "used the payload bytes S", "2(n-1)/n x S bus bytes"]}),
+    "dp_overlap_prediction_all_buckets": (PREDICT, {
+        "predict_exposed_ms": ["predict_exposed_ms on 2 ranks", "summed every bucket's "
+                               "all-reduce", "first-layer gradient"]}),
 }
 
 

@@ -16,7 +16,7 @@ import pytest
 from workbook import cli
 from workbook.grading.labs import repo_root
 from workbook.instructor import assign
-from workbook.learner import hints, progress, task_list
+from workbook.learner import progress, task_list
 
 LAB = "overlap_math"
 ROOT = repo_root()

@@ -18,4 +18,6 @@ def test_missing_bus_factor_loses_the_right_points(tmp_path):
     assert failed == {"collective_time_uses_bus_factors", "tp_dp_zero3_pp_predictions",
                       "predictions_match_the_measured_trace"}
     assert "collective_time predicts" in tests["predictions_match_the_measured_trace"]["output"]
+    assert "bus factor" in tests["collective_time_uses_bus_factors"]["output"]
+    assert "collective_time is not right yet" in tests["tp_dp_zero3_pp_predictions"]["output"]
     assert "rank 0" in tests["predictions_match_the_measured_trace"]["output"]

@@ -10,6 +10,10 @@ tests/grading/wrong/pp_overlap_*/ fails exactly the checks it should, with a mes
 * deadlock_warmup: the warm-up counted from the wrong end -> the schedule test reports the
   deadlock on paper, naming what each stuck stage waits for. (The executor checks run the
   textbook schedules, so neither mistake costs the executor's points, nor hangs a rank.)
+* prediction_no_latency: ``predict_step_ms`` leaves the link's latency out of each transfer ->
+  the prediction test (instant), naming the latency as the term left out;
+* prediction_textbook_step: ``predict_step_ms`` gives the textbook step (m + p - 1)(t_f + t_b),
+  no transfer on the critical path -> the same test, naming the transfers left out.
 
 Each folder runs through the self-check engine in this process, on the warm rank pools, under a
 cap of 2 ranks (as a small grading machine would), only the checks its mistake can reach.
@@ -30,12 +34,16 @@ CASES = {
                                     "dist.isend", "finish()"]}),
     "pp_overlap_receive_not_prefetched": (OVERLAP, {
         "steady_state_p2p_hidden": ["rank ", "receives were posted only when their data was "
-                                    "needed", "prefetch"]}),
+                                    "needed", "one action ahead"]}),
     "pp_overlap_microbatches_out_of_order": (ONE_F_ONE_B, {
         "one_f_one_b_schedule": ["one_f_one_b(p=", "expected B(0)", "in the order they entered"]}),
     "pp_overlap_deadlock_warmup": (ONE_F_ONE_B, {
         "one_f_one_b_schedule": ["deadlock", "stage 0 waits at B(0) for stage 1's gradient",
                                  "hang"]}),
+    "pp_overlap_prediction_no_latency": (("predict_step_ms",), {
+        "predict_step_ms": ["predict_step_ms(link=", "latency (alpha) out"]}),
+    "pp_overlap_prediction_textbook_step": (("predict_step_ms",), {
+        "predict_step_ms": ["predict_step_ms(link=", "leave the transfers out"]}),
 }
 
 

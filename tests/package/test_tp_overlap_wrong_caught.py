@@ -8,7 +8,9 @@ tests/grading/wrong/tp_overlap_*/ fails exactly the tests it should, with a mess
 * waits_before_gemm: each exchange waited on before the GEMM it should hide behind -> both
   overlap tests (the ring serves the forward and the row-parallel backward), on structure;
 * bulk_gather_waited_at_once: the column-parallel backward waits for the input's all-gather
-  at once -> the backward overlap test only, on structure.
+  at once -> the backward overlap test only, on structure;
+* prediction_no_latency: the prediction of the ring's exposed communication leaves out the
+  link's latency -> the prediction test only, its message naming the latency term.
 
 Each folder is graded through the self-check engine in this process, one after the other (the
 overlap tests measure wall-clock time), on the warm rank pools: the same checks and messages as
@@ -41,6 +43,9 @@ CASES = {
         "test_backward_communication_hidden": ["rank ", "backward pass", "all_gather",
                                                "waited on right after it started",
                                                "after the dgrad GEMM"]},
+    "tp_overlap_prediction_no_latency": {
+        "test_predict_ring_exposed_ms": ["the exposed communication of your ring_all_gather_matmul",
+                                         "2 ranks", "the model gives", "leave out the latency"]},
 }
 
 

@@ -2,7 +2,9 @@
 
 Each deliberately wrong folder in tests/grading/wrong/ is graded through the self-check engine
 in this process (the grader's own checks and messages, on the warm rank pools). The test checks that exactly the expected grading tests fail, and that each failure message names
-the rank and the tensor (or collective) that went wrong. The sp fixture holds no ``tp.py``:
+the rank and the tensor (or collective) that went wrong, the sub-step (the embedding or the loss
+inside the model's test, as a challenge-level component would be graded), and, where the ranks'
+results match a classic mistake, its likely cause in the words of the spec and the lesson. The sp fixture holds no ``tp.py``:
 the sp grader checks lab 5 against the reference alone.
 """
 from __future__ import annotations
@@ -16,11 +18,13 @@ TRACE_TP = ("test_tp_block_pattern_from_trace[2]", "test_tp_block_pattern_from_t
 CASES = {
     # forward right, gradients wrong: f forgot its backward all-reduce
     "tp_missing_backward_allreduce": ("test_tp.py", {
-        "test_conjugate_ops": ["rank ", "copy_to_tensor_parallel_region", "gradient of the input"],
+        "test_conjugate_ops": ["rank ", "copy_to_tensor_parallel_region", "gradient of the input",
+                               "Likely cause: f's backward returned this rank's own gradient"],
         "test_parallel_linears": ["rank ", "ColumnParallelLinear", "gradient of the input",
-                                  "differs from the reference"],
-        "test_tp_mlp": ["rank ", "TPMLP", "gradient of the input"],
-        "test_tp_attention": ["rank ", "TPAttention", "gradient of the input"],
+                                  "differs from the reference", "Likely cause", "its own share",
+                                  "The conjugate pair f and g"],
+        "test_tp_mlp": ["rank ", "TPMLP", "gradient of the input", "its own share"],
+        "test_tp_attention": ["rank ", "TPAttention", "gradient of the input", "its own share"],
         "test_tp_block": ["rank ", "TPBlock", "gradient of the input"],
         "test_tp_model": ["rank ", "TPModel", "gradient of "],
         "test_tp_model_collectives": ["rank ", "backward", "all-reduces of B*S*H"],
@@ -28,8 +32,9 @@ CASES = {
     }, ["output differs", "loss differs"]),
     # the row-parallel bias is counted n times
     "tp_row_bias_every_rank": ("test_tp.py", {
-        "test_parallel_linears": ["rank ", "RowParallelLinear", "output differs from the reference"],
-        "test_tp_mlp": ["rank ", "TPMLP", "output differs"],
+        "test_parallel_linears": ["rank ", "RowParallelLinear", "output differs from the reference",
+                                  "Likely cause", "extra cop", "after the sum, once"],
+        "test_tp_mlp": ["rank ", "TPMLP", "output differs", "after the sum, once"],
         "test_tp_attention": ["rank ", "TPAttention", "output differs"],
         "test_tp_block": ["rank ", "TPBlock", "output differs"],
         "test_tp_model": ["rank ", "TPModel", "loss differs"],
@@ -39,11 +44,35 @@ CASES = {
         "test_tp_model_collectives": ["rank ", "dist.all_gather_into_tensor", "only all-reduces"],
         **{t: ["rank ", "forward", "all_gather", "never weights"] for t in TRACE_TP},
     }, ["differs from the reference"]),
+    # the vocab-parallel loss shifts by each rank's own maximum: named as the loss, not the model
+    "tp_loss_max_per_rank": ("test_tp.py", {
+        "test_tp_model": ["rank ", "vocab_parallel_cross_entropy", "loss differs",
+                          "Likely cause", "maximum over the whole vocabulary"],
+    }, ["TPModel"]),
+    # the vocab-parallel embedding never sums the ranks' lookups: named as the embedding
+    "tp_embedding_not_summed": ("test_tp.py", {
+        "test_tp_model": ["rank ", "VocabParallelEmbedding", "output differs", "Likely cause",
+                          "summed over the ranks"],
+        "test_tp_model_collectives": ["rank ", "forward", "1 for the embedding"],
+    }, []),
     # SP: the norms' gradients stay partial
     "sp_ln_grad_not_synced": ("test_sp.py", {
         "test_sp_block": ["rank ", "SPBlock", "gradient of blocks.1.norm1.weight",
-                          "synchronised after backward", "differs"],
-        "test_sp_model": ["rank ", "SPModel", ".norm", "synchronised after backward"],
+                          "synchronised after backward", "differs", "Likely cause",
+                          "tagged sequence-parallel"],
+        "test_sp_model": ["rank ", "SPModel", ".norm", "synchronised after backward",
+                          "tagged sequence-parallel"],
+    }, ["output differs", "loss differs"]),
+    # SP: each shard draws a dropout mask of its own shape, not its slice of the reference's
+    "sp_dropout_mask_of_shard": ("test_sp.py", {
+        "test_sp_block": ["rank ", "SPBlock", "output differs", "Likely cause",
+                          "right without dropout", "Two new duties"],
+        "test_sp_model": ["rank ", "SPModel", "loss differs", "right without dropout"],
+    }, ["synchronised after backward"]),
+    # SP: the learned positions' gradient stays partial: named as the embedding
+    "sp_positions_not_tagged": ("test_sp.py", {
+        "test_sp_model": ["rank ", "SPEmbedding", "embed.pos.weight", "synchronised after backward",
+                          "Likely cause", "tagged sequence-parallel"],
     }, ["output differs", "loss differs"]),
 }
 

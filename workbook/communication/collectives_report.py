@@ -5,8 +5,9 @@ the flight recorder (``workbook.runtime.flight.RECORDER``), which sees every ``s
 makes. Per build:
 
 * **messages**: point-to-point sends of the busiest rank, and of all ranks together;
-* **MB sent**: bytes the busiest rank sent. Compare with the lab's table: the naive broadcast's
-  root sends (n-1) S, the tree's root ceil(log2 n) S, an all-gather (n-1)/n S per rank;
+* **MB sent**: bytes the busiest rank sent. Compare with lesson 1's table ("What each build
+  costs"): the naive broadcast's root sends (n-1) S, the tree's root ceil(log2 n) S, an
+  all-gather (n-1)/n S per rank;
 * **time**: the slowest rank's, fastest of ``ITERS``, beside the built-in doing the same job.
 
 With ``trace_dir`` each build runs once more under the profiler, in a ``record_function``

@@ -23,8 +23,8 @@ Dao et al. 2022, arXiv 2205.14135)::
     acc = sum_j exp(s_j - m) v_j     (running *unnormalised* output)
 
 so that at the end ``out = acc / l`` and ``lse = m + log l = log sum_j exp(s_j)``. Two partials
-over disjoint key sets merge exactly (the lab's first task): with ``m' = max(m_a, m_b)`` each side
-is rescaled by ``exp(m_side - m')`` before it is added.
+over disjoint key sets merge exactly: how is the lab's first task (lesson 11, "The online
+softmax").
 
 The backward pass (FlashAttention's recomputation)
 --------------------------------------------------
@@ -42,9 +42,10 @@ Load balance
 Under the causal mask, the contiguous split (rank r holds chunk r) is unbalanced: the last rank's
 queries see the whole sequence, the first rank's only their own chunk, and every ring step waits
 for the slowest rank. Megatron/NeMo's *load-balanced* ("zig-zag") split cuts the sequence into
-2n chunks and gives rank r chunks r and 2n-1-r: one early and one late, the same causal work on
-every rank. A ``Layout`` says which chunks each rank holds; ``causal_work`` counts the unmasked
-score entries of each rank's queries.
+2n chunks, two a rank, one early and one late, so that every rank does the same causal work (the
+lab's zig-zag task; lesson 11, "The causal mask, one block pair at a time"). A ``Layout`` says
+which chunks each rank holds; ``causal_work`` counts the unmasked score entries of each rank's
+queries.
 
 What is here: ``Layout`` (and ``contiguous_layout``), the ring neighbours and one ring hop
 (``start_ring_exchange``), one block's attention forward (``block_forward`` -> ``Partial``) and

@@ -11,8 +11,9 @@ on ranks, with the figures and tables it draws from them.
   ``hop_explorer`` (widgets).
 * On ranks: ``check`` (the learner's ring attention against one device), ``ring_step`` (a
   profiled forward and backward per split, with each block's span, each hop and the link's log),
-  ``ring_sweep``; drawn by ``ring_timeline``, ``hidden_table``, ``sweep_rows`` (printed with
-  ``SWEEP_COLUMNS``) and ``sweep_figure``.
+  ``ring_sweep``; drawn by ``ring_timeline``, ``hidden_table``, ``prediction_table`` (the lab's
+  prediction beside the model and the trace), ``sweep_rows`` (printed with ``SWEEP_COLUMNS``)
+  and ``sweep_figure``.
 
 The shared bars, verdicts and the link's log are ``workbook.measure.lesson_figures``.
 """
@@ -460,6 +461,26 @@ def hidden_table(results: list, splits=("zigzag", "contiguous")) -> None:
             for phase, o in res["splits"][split]["hidden"].items():
                 print(f"{split:11s}{r:5d}{phase:>10}{o['comm_ms']:9.0f}{o['pct'] or 0:10.0f}"
                       f"{o['pct_ex_skew'] or 0:12.0f}{o['exposed_ms']:12.0f}")
+
+
+def prediction_table(results: list, mine, sim, S: int, B: int = 1, h: int = 4,
+                     d: int = 64) -> None:
+    """The lab's prediction task at the traced step's shape (zig-zag, fp32, the link ``sim`` as
+    the ranks calibrated it): your ``predict_forward_exposed_ms`` (``-`` until it is written),
+    the model's value, and the forward pass's exposed exchange in the trace (the slower rank,
+    skew excused)."""
+    from workbook.context_parallel.cp_ring_report import PREDICTED, forward_exposed_model_ms
+    from workbook.grading.predictions import comparison_lines
+    n = len(results)
+    try:
+        predicted = float(mine.predict_forward_exposed_ms(sim, n, S, B, h, d, torch.float32))
+    except Exception:                               # noqa: BLE001 - not written yet: "-"
+        predicted = None
+    model = forward_exposed_model_ms(sim, n, S, B, h, d, 4)
+    measured = max(max(0.0, o["exposed_ms"] - o["skew_ms"])
+                   for o in (res["splits"]["zigzag"]["hidden"]["forward"] for res in results))
+    for line in comparison_lines([(PREDICTED, predicted, model, measured)]):
+        print(line)
 
 
 def sweep_rows(sweep: list, preset: str, ranks: int, B: int = 1, h: int = 4,

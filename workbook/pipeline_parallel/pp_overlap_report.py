@@ -23,6 +23,14 @@ same schedule with overlapped p2p. The last line gives the ceiling ``simulate`` 
 non-interleaved 1F1B (``bench_pp_overlap.hidden_ceiling``): about half the steady state's p2p
 time waits on the critical path. One step each: for medians, both links and other shapes,
 ``workbook bench pp_overlap``.
+
+The prediction. Last, the learner's ``predict_step_ms`` (the lab's prediction task) with the
+link this run used, the activation's shape and ``no_comm``'s compute, beside the model's value of
+the same figure (``step_model``: ``simulate`` of the learner's 1F1B with the link's time for one
+activation) and the measured step of ``1f1b_overlap``, on the simulated link
+(``workbook.grading.predictions.comparison_lines``; a prediction not written yet shows ``-``).
+``step_model`` also gives the values of the classic wrong derivations, which the grader
+(``tests/grading/test_pp_overlap.py``) names when a prediction equals one of them.
 """
 from __future__ import annotations
 
@@ -66,7 +74,8 @@ def run(trace_dir=None, impl=None) -> dict:
     act_bytes = 4 * torch.Size(activation_shape(cfg, ROWS)).numel()
     root = Path(trace_dir or tempfile.mkdtemp(prefix="pp_overlap-report-"))
     out = {"rank": rank, "link": lk.label if lk else None, "trace_dir": str(root),
-           "layers": cfg.n_layers, "activation_bytes": act_bytes,
+           "layers": cfg.n_layers, "activation_bytes": act_bytes, "link_model": lk,
+           "activation_shape": tuple(activation_shape(cfg, ROWS)), "itemsize": 4,
            "t_p2p_ms": lk.op_time("send", act_bytes, n) * 1e3 if lk else 0.0,
            "schedules": {v: all_schedules(lab, v, n, M) for v in order} if rank == 0 else None,
            "variants": {}}
@@ -77,6 +86,80 @@ def run(trace_dir=None, impl=None) -> dict:
         out["variants"][v] = step_figures(t, ops, ms, actions[v], comm=v != "no_comm")
     link.set_link(lk)
     return out
+
+
+def transfer_ms(link, shape, itemsize: int) -> float:
+    """The link's time in ms for one activation of ``shape`` (elements of ``itemsize`` bytes)
+    sent to a neighbour: the alpha-beta cost of ``Link.op_time``."""
+    import math
+    return 1e3 * link.op_time("send", math.prod(shape) * itemsize, 2)
+
+
+def step_model(schedules, link, shape, itemsize: int, t_fwd_ms: float,
+               t_bwd_ms: float) -> tuple[float, dict]:
+    """The model's step in ms of ``schedules`` (every stage's actions, 1F1B) run with
+    overlapped p2p on ``link``: ``simulate`` with the forward and backward compute of one
+    micro-batch and ``transfer_ms`` of one activation ``shape``. Returns ``(model, mistakes)``:
+    ``mistakes`` maps each classic wrong derivation (as the learner's message words it) to the
+    value it gives, for ``workbook.grading.predictions.judge_prediction``."""
+    import math
+
+    from workbook.pipeline_parallel import simulate
+    p, m = len(schedules), len(schedules[0]) // 2
+    alpha_ms = 1e3 * link.latency_s
+    c = transfer_ms(link, shape, itemsize)
+
+    def play(c_ms: float) -> float:
+        return simulate(schedules, t_fwd_ms, t_bwd_ms, c_ms).step
+    model = play(c)
+    book = (m + p - 1) * (t_fwd_ms + t_bwd_ms)
+    mistakes = {
+        "leave the transfers out: (m + p - 1)(t_f + t_b) is the textbook step, without the p2p "
+        "that lies on the critical path": book,
+        "leave the link's latency (alpha) out of each transfer's time": play(c - alpha_ms),
+        "leave the bandwidth term (bytes / bandwidth) out of each transfer's time: only the "
+        "latency": play(alpha_ms),
+        "count the activation's elements as bytes (its itemsize left out)":
+            play(alpha_ms + 1e3 * math.prod(shape) / link.bandwidth_Bps),
+        "use m instead of m + p - 1: the fill and the drain of the pipeline left out":
+            model - (p - 1) * (t_fwd_ms + t_bwd_ms),
+        "count only the 2(p - 1) transfers of the fill and the drain, as if every steady-state "
+        "transfer hid (GPipe's case; in 1F1B the round trip keeps some on the critical path)":
+            book + 2 * (p - 1) * c,
+        "put all 2m transfers of a stage on the critical path, as if nothing hid":
+            book + 2 * m * c,
+        "give seconds, not milliseconds": model / 1e3,
+    }
+    return model, mistakes
+
+
+def prediction_lines(results: list[dict], t_fwd: float, t_bwd: float, measured_ms,
+                     predict=None) -> list[str]:
+    """The table: the learner's ``predict_step_ms`` (``predict``; by default the lab's, from the
+    implementation under test), the model, the measured step, in seconds. A prediction that
+    raises (not written yet) shows ``-``."""
+    from workbook.grading.predictions import comparison_lines
+    if predict is None:
+        from workbook.grading.labs import load_lab
+
+        def predict(*args):
+            return load_lab("pp_overlap").predict_step_ms(*args)
+    first, p = results[0], len(results)
+    lk = first.get("link_model")
+    if lk is None:
+        return ["prediction: no simulated link on this run, nothing to predict"]
+    shape, itemsize = first["activation_shape"], first["itemsize"]
+    model, _ = step_model(first["schedules"]["1f1b_overlap"], lk, shape, itemsize, t_fwd, t_bwd)
+    try:
+        predicted = float(predict(lk, p, M, shape, itemsize, t_fwd, t_bwd))
+    except Exception:                            # noqa: BLE001 - a stub or a bug shows as "-"
+        predicted = None
+    def sec(ms):                                 # a step is seconds long: 7.22, not 7.22e+03 ms
+        return None if ms is None else ms / 1e3
+    return ([f"prediction (predict_step_ms, with this run's link and no_comm's compute; measured "
+             f"on the SIMULATED link):"]
+            + comparison_lines([("1F1B overlapped step", sec(predicted), sec(model),
+                                 sec(measured_ms))], unit="s"))
 
 
 def _fmt(x, spec="{:.0f}") -> str:
@@ -117,4 +200,5 @@ def describe(results: list[dict]) -> str:
               f"about {_fmt(ceiling['steady_pct'])}% of its steady-state p2p time (simulate)",
               f"traces: {first['trace_dir']}/VARIANT; medians, both links, other shapes: "
               "workbook bench pp_overlap"]
+    lines += prediction_lines(results, t_fwd, t_bwd, rows["1f1b_overlap"]["step_ms"])
     return "\n".join(lines)

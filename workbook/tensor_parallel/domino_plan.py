@@ -16,7 +16,10 @@ records when each resource is busy:
 
 The backward does the matmuls twice (input and weight gradients): twice the forward FLOPs.
 Messages are fp32, as in the lab. ``hidden_pct`` reads the share of a pass's link time that
-lies under compute; ``plan_figure`` draws a plan like ``workbook.trace.timeline_figure``.
+lies under compute; ``busy_ms`` and ``exposed_ms`` the compute and the exposed communication
+(``exposed_ms`` is the model the lab's prediction is judged against); ``chunk_seconds`` says
+whether a setting is compute-bound; ``plan_figure`` draws a plan like
+``workbook.trace.timeline_figure``.
 """
 from __future__ import annotations
 
@@ -140,6 +143,24 @@ def busy_ms(pl: Plan) -> tuple[float, float]:
     """``(compute, exposed communication)`` of the plan, in ms."""
     busy = _union(pl.compute)
     return iv.measure(busy) * 1e3, iv.measure(iv.subtract(_union(pl.comm), busy)) * 1e3
+
+
+def exposed_ms(schedule, *, inter_layer: bool = True, lookahead: int = 1, **settings) -> float:
+    """The planned exposed communication (ms) of one Domino step in ``schedule``'s order: the
+    link time of ``plan("domino" or "domino_intra", schedule, ...)`` with no compute under it.
+    ``settings``: ``plan``'s keywords (model, batch, p, flops_rate, lk, ranks)."""
+    variant = "domino" if inter_layer else "domino_intra"
+    return busy_ms(plan(variant, schedule, lookahead=lookahead, **settings))[1]
+
+
+def chunk_seconds(*, model: dict, batch: int, p: int, flops_rate: float, lk,
+                  ranks: int = RANKS) -> tuple[float, float]:
+    """``(shortest, all_reduce)``: the shortest forward compute of one chunk's stage (the head
+    included) and one chunk's all-reduce, in seconds. Compute-bound when the first is longer."""
+    fl = sublayer_flops(model, batch * model["seq_len"] / p, ranks)
+    nbytes = int(batch * model["seq_len"] / p * model["hidden"] * 4)
+    ar = 0.0 if lk is None else lk.op_time("all_reduce", nbytes, ranks)
+    return min(sum(v) for v in fl.values()) / flops_rate, ar
 
 
 def plan_figure(pl: Plan, title: str, unit: float = 1e6, ranks: int = RANKS):

@@ -12,6 +12,11 @@ with Domino (p = 4 batch chunks, intra- and inter-layer overlap):
 * **speed-up**: vanilla TP's step time over Domino's (slowest rank, the fastest of ``STEPS``
   unprofiled steps each, taking turns: the least disturbed on a shared CPU). The paper reports up to 1.3x for GPT on DGX-H100.
 
+* **your prediction**: the lab's ``predict_exposed_ms`` for this run's Domino step, beside the
+  model (the lesson's planner replaying the lab's own ``schedule``: ``domino_plan.exposed_ms``)
+  and the measurement (the profiled step's exposed communication, mean over ranks, not counting
+  the time a late peer held it up); an unwritten prediction or schedule shows ``-``.
+
 The profiled steps go into one trace per rank, inside ``record_function`` ranges
 ``"vanilla TP step"`` and ``"Domino step"``, so the trace report shows them side by side.
 """
@@ -41,7 +46,7 @@ def run(trace_dir=None, impl=None) -> dict:
     from workbook.trace.capture import rank_trace
     lab = load_lab("domino", impl)
     rank, world = dist.get_rank(), dist.get_world_size()
-    recalibrate()
+    local_flops = recalibrate()
     cfg = ModelConfig(hidden=HIDDEN, heads=HEADS, ffn_hidden=4 * HIDDEN, n_layers=2, seq_len=SEQ,
                       vocab_size=VOCAB, dtype="float32")
     x, targets = inputs(cfg, BATCH)
@@ -85,6 +90,32 @@ def run(trace_dir=None, impl=None) -> dict:
                                          "skew_ms": o.skew_us / 1e3}
     if not trace_dir:
         shutil.rmtree(folder, ignore_errors=True)
+    out["prediction"] = _prediction(lab, link.current_link(), world)
+    out["local_flops"] = local_flops
+    return out
+
+
+MODEL = dict(hidden=HIDDEN, heads=HEADS, ffn_hidden=4 * HIDDEN, n_layers=2, seq_len=SEQ,
+             vocab_size=VOCAB)
+
+
+def _prediction(lab, lk, world: int) -> dict:
+    """The lab's predicted exposed ms of this run's Domino step, the model's (the planner on the
+    lab's own schedule), and whether the setting is compute-bound; None where one is missing."""
+    from workbook.tensor_parallel import domino_plan
+    out = {"predicted": None, "model": None, "compute_bound": None}
+    if lk is None:
+        return out
+    settings = dict(model=MODEL, batch=BATCH, p=P, flops_rate=lk.local_flops, lk=lk, ranks=world)
+    shortest, one = domino_plan.chunk_seconds(**settings)
+    out["compute_bound"], out["shortest_ms"], out["all_reduce_ms"] = shortest > one, shortest * 1e3, one * 1e3
+    for key, figure in (("predicted", lambda: lab.predict_exposed_ms(lk, MODEL, BATCH, P, world, True)),
+                        ("model", lambda: domino_plan.exposed_ms(lab.schedule, **settings))):
+        try:
+            value = figure()
+            out[key] = float(value) if isinstance(value, (int, float)) else None
+        except Exception:                            # noqa: BLE001 - not written yet, or broken: "-"
+            out[key] = None
     return out
 
 
@@ -93,6 +124,27 @@ def _pct(results, key, with_skew: bool) -> str:
     comm = sum(r[key]["comm_ms"] for r in results)
     hidden = sum(r[key]["hidden_ms"] + (r[key]["skew_ms"] if with_skew else 0) for r in results)
     return f"{100 * hidden / comm:.0f}%" if comm else "-"
+
+
+def _prediction_lines(results: list[dict]) -> list[str]:
+    """Prediction / model / measured exposed communication of the Domino step."""
+    from workbook.grading.predictions import comparison_lines
+    pred = results[0].get("prediction") or {}
+    measured = [r["domino_forward"]["comm_ms"] - r["domino_forward"]["hidden_ms"]
+                - r["domino_forward"]["skew_ms"] + r["domino_backward"]["comm_ms"]
+                - r["domino_backward"]["hidden_ms"] - r["domino_backward"]["skew_ms"] for r in results]
+    where = "on the SIMULATED link" if pred.get("compute_bound") is not None else \
+        "no link model: nothing to predict from"
+    lines = [f"exposed communication of the Domino step (p={P}, {len(results)} ranks; measured: "
+             f"the profiled step, mean over ranks, late peers not counted, {where})"]
+    lines += comparison_lines([("Domino step, exposed", pred.get("predicted"), pred.get("model"),
+                                max(0.0, sum(measured) / len(measured)))])
+    if pred.get("compute_bound") is False:
+        lines.append(f"  (this run is not compute-bound: one chunk's all-reduce takes "
+                     f"{pred['all_reduce_ms']:.0f} ms, the shortest chunk's compute of a stage "
+                     f"{pred['shortest_ms']:.0f} ms; the model also counts the link time that "
+                     f"queues behind short computes, which the graded settings leave out)")
+    return lines
 
 
 def describe(results: list[dict]) -> str:
@@ -116,6 +168,7 @@ def describe(results: list[dict]) -> str:
                  f"per step in all-reduces; simulated, not measured hardware)")
     lines.append("hidden %: share of the pass's all-reduce time the ranks computed through; "
                  "w/o skew also counts the time a late peer held it up")
+    lines += _prediction_lines(results)
     if first["traced"]:
         lines.append("the trace holds both steps: record_function ranges 'vanilla TP step' and "
                      "'Domino step' (forward and backward inside)")
