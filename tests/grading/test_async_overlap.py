@@ -483,7 +483,12 @@ def test_predict_pipelined_ms():
     from workbook.communication.async_overlap_report import pipelined_model_ms
     from workbook.grading.labs import load_lab
     from workbook.grading.predictions import judge_prediction
+    from workbook.grading.predictions import reads_the_model
     lab = load_lab("async_overlap")
+    copied = reads_the_model(lab.predict_pipelined_ms, ("pipelined_model_ms", "pipelined_step_s",
+                                                         "async_overlap_report"))
+    if copied:
+        raise AssertionError(copied)
     for preset, n, chunks, rows, d_in, d_out in PREDICTION_SETTINGS:
         link = link_module.make_link(preset, PREDICTION_FLOPS)
         call = (f"predict_pipelined_ms(link, n={n}, chunks={chunks}, rows={rows}, d_in={d_in}, "

@@ -325,7 +325,13 @@ def test_predict_forward_exposed():
         forward_exposed_model_ms
     from workbook.grading.predictions import judge_prediction
     from workbook.link import make_link
+    from workbook.grading.predictions import reads_the_model
     lab = _lab()
+    copied = reads_the_model(lab.predict_forward_exposed_ms,
+                             ("forward_exposed_model_ms", "forward_exposed_mistakes",
+                              "cp_ring_report"))
+    if copied:
+        raise AssertionError(copied)
     for preset, n, S, b, h, d, dtype in PREDICTION_CASES:
         lk = make_link(preset, PREDICTION_FLOPS)
         e = torch.empty((), dtype=dtype).element_size()

@@ -614,6 +614,9 @@ def _prediction_problem(predict) -> str | None:
 def test_predict_exposed_ms():
     """Your predicted exposed communication of a Domino step against the planner's, on several
     links, rank counts, shapes and both overlap variants; a known wrong derivation is named."""
-    problem = _prediction_problem(_lab().predict_exposed_ms)
+    from workbook.grading.predictions import reads_the_model
+    predict = _lab().predict_exposed_ms
+    problem = reads_the_model(predict, ("exposed_ms", "domino_plan")) or \
+        _prediction_problem(predict)
     if problem:
         raise AssertionError(problem)

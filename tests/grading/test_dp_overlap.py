@@ -404,7 +404,10 @@ def test_predict_exposed_ms():
     """The exposed tail of bucketed DP, predicted from the link's alpha and beta: right on every
     setting, a classic wrong derivation named by the term it got wrong."""
     from workbook.grading.labs import load_lab
-    problem = _prediction_problem(load_lab(LAB).predict_exposed_ms)
+    from workbook.grading.predictions import reads_the_model
+    predict = load_lab(LAB).predict_exposed_ms
+    problem = reads_the_model(predict, ("exposed_tail", "tail_buckets", "dp_overlap_report")) \
+        or _prediction_problem(predict)
     if problem:
         raise AssertionError(problem)
 

@@ -140,7 +140,11 @@ def test_predict_step_ms():
     from workbook.grading.predictions import judge_prediction
     from workbook.link.cost_model import make_link
     from workbook.pipeline_parallel.pp_overlap_report import step_model
+    from workbook.grading.predictions import reads_the_model
     lab = load_lab(LAB)
+    copied = reads_the_model(lab.predict_step_ms, ("step_model", "pp_overlap_report"))
+    if copied:
+        raise AssertionError(copied)
     for preset, p, m, shape, itemsize, t_fwd, t_bwd in PREDICTION_CASES:
         link = make_link(preset, PREDICTION_FLOPS)
         schedules = [_expected("1f1b", p, m, s) for s in range(p)]

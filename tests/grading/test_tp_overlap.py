@@ -297,7 +297,12 @@ def test_predict_ring_exposed_ms():
     from workbook.link import make_link
     from workbook.tensor_parallel.tp_overlap_report import RING_TERMS, modelled_ring_exposed_ms, \
         ring_prediction_mistakes
+    from workbook.grading.predictions import reads_the_model
     lab = load_lab(LAB)
+    copied = reads_the_model(lab.predict_ring_exposed_ms,
+                             ("modelled_ring_exposed_ms", "tp_overlap_report"))
+    if copied:
+        raise AssertionError(copied)
     for preset, flops, *shape in PREDICTION_SETTINGS:
         link = make_link(preset, flops)
         n, batch, seq, hidden, out, size = shape

@@ -56,7 +56,7 @@ def judge_prediction(got, model: float, mistakes: Mapping[str, float], *, what: 
 
 
 def _names(code) -> set[str]:
-    names = set(code.co_names) | set(code.co_varnames)
+    names = set(code.co_names)                   # globals, attributes, imports: not locals
     for const in code.co_consts:
         if hasattr(const, "co_names"):
             names |= _names(const)
