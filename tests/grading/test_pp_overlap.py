@@ -113,8 +113,8 @@ def test_gpipe_schedule():
 @pytest.mark.points(5)
 @pytest.mark.tasks("one_f_one_b")
 def test_one_f_one_b_schedule():
-    """1F1B: p - 1 - s warm-up forwards, one forward and one backward in turn, the drain;
-    no deadlock, at most p - s micro-batches in flight on stage s."""
+    """1F1B, action by action against the textbook order of lesson 10 (warm-up, steady state,
+    drain); no deadlock, and no more micro-batches in flight on a stage than 1F1B allows."""
     from workbook.grading.labs import load_lab
     lab = load_lab(LAB)
     for p, m in SCHEDULE_CASES:
