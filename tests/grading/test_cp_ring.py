@@ -262,7 +262,7 @@ ZIGZAG_CASES = [(8, 2), (12, 3), (24, 4), (16, 4), (6, 1)]   # (S, n) zigzag_lay
 @pytest.mark.points(3)
 @pytest.mark.tasks("zigzag_layout")
 def test_zigzag_layout():
-    """The zig-zag layout of the lesson: two chunks per rank, and every rank does the same causal work."""
+    """The zig-zag layout of the lesson: two chunks per rank, the same causal work on each."""
     lab = _lab()
     for S, n in ZIGZAG_CASES:
         call = f"zigzag_layout(seq_len={S}, n={n})"
