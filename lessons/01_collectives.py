@@ -220,61 +220,57 @@ fig
 #
 # A rank that already holds the data can forward it. Number the ranks by their distance from
 # the root, the *position* `v = (rank − root) mod n`, so that the root is position 0 whatever
-# its rank. In a **binomial-tree broadcast** the holders double every round: in round `k`
-# (distance `d = 2^k`) each holder `v < d` sends to `v + d`, when that position exists. Six
-# ranks:
-#
-# | round | distance | messages (positions) | holders afterwards |
-# |---|---|---|---|
-# | 0 | 1 | 0→1 | 0, 1 |
-# | 1 | 2 | 0→2, 1→3 | 0–3 |
-# | 2 | 4 | 0→4, 1→5 | 0–5 |
-#
-# Still `n-1` messages in all, but spread over many senders: `⌈log2 n⌉` rounds, and the root
-# sends only `⌈log2 n⌉` times. A position knows its part from its number alone: in the round
-# of distance `d` it sends if it is below `d`, receives if it lies between `d` and `2d`, and
-# otherwise sits the round out.
+# its rank. In a **binomial-tree broadcast** the number of holders doubles every round: in the
+# first round the root sends to one rank, in the second both holders send, then four, and the
+# distance between sender and receiver doubles with them (1, 2, 4, ...). Still `n-1` messages
+# in all, but spread over many senders: `⌈log2 n⌉` rounds, and the root sends only
+# `⌈log2 n⌉` times. No rank needs a table of the tree: a position can work out its part in
+# each round from its own number and the round's distance alone.
 #
 # The **binomial-tree reduce** is the same tree run backwards: partial results flow *towards*
-# the root, smallest distance first. In each round, a position that is an odd multiple of the
-# distance sends its partial result one distance down and is done for good; a position that is
-# an even multiple (0 included) receives from one distance up, when that exists, and combines.
-# Six ranks:
+# the root, smallest distance first, and a rank that has handed its partial result on has
+# nothing left to do. A non-root rank accumulates into a buffer of its own, so that, as with
+# the built-in reduce, only the root's tensor changes.
 #
-# | round | distance | messages (positions) | still holding a partial result |
-# |---|---|---|---|
-# | 0 | 1 | 1→0, 3→2, 5→4 | 0, 2, 4 |
-# | 1 | 2 | 2→0 (6 does not exist: 4 waits) | 0, 4 |
-# | 2 | 4 | 4→0 | 0 |
+# **Think it through.** Draw both trees for six ranks, one row per round. In the broadcast's
+# round of distance `d`, which positions send, which receive, and from whom? In the reduce's
+# round of distance `d`, which positions send their partial result away, which receive one,
+# and what happens to a receiver whose partner would be position 6 or beyond? (A position
+# that does not exist simply sends nothing.)
 #
-# A non-root rank accumulates into a buffer of its own, so that, as with the built-in reduce,
-# only the root's tensor changes. **All-reduce** is then a reduce to one rank followed by a
-# broadcast from it: `2⌈log2 n⌉` rounds, few latencies, but every message carries the whole
-# buffer. Lesson 2 builds the all-reduce that moves far fewer bytes.
+# **All-reduce** is then a reduce to one rank followed by a broadcast from it: `2⌈log2 n⌉`
+# rounds, few latencies, but every message carries the whole buffer. Lesson 2 builds the
+# all-reduce that moves far fewer bytes.
 #
 # ### Direct exchange: all-gather and reduce-scatter
 #
 # In an all-gather every rank owns one chunk of the output; in a reduce-scatter every rank
 # wants one chunk of the reduced input. Both are one round in which every pair of ranks trades
-# one chunk each way: rank `r` sends its own chunk to everyone (all-gather) or sends chunk `p`
-# of its input to rank `p` (reduce-scatter), and receives the `n-1` chunks it lacks. Started
-# all at once and waited for together, the `2(n-1)` messages of a rank are in flight together,
-# so a receive needs its own destination: a view of the output for the all-gather, a scratch
-# buffer per peer for the reduce-scatter, whose chunks are combined once they are all in.
+# one chunk each way, and each rank receives the `n-1` chunks it lacks. Started all at once and
+# waited for together, the `2(n-1)` messages of a rank are in flight together, so no two
+# receives may share a destination, and nothing may be combined before it has arrived.
 #
 # The chunks are `torch.tensor_split`'s: a flat buffer of `K` elements in `n` chunks, the first
 # `K mod n` of them one element longer (`K = 10`, `n = 4`: 3, 3, 2, 2). The built-ins want `K`
 # divisible by `n`; the builds of the lab do not.
 #
+# **Think it through.** In the all-gather, what does rank `r` send to each peer, and where in
+# the output does each incoming chunk belong? In the reduce-scatter, which chunk of its input
+# does rank `r` send to peer `p`, and where can the `n-1` incoming chunks wait until they are
+# all in?
+#
 # ### The dissemination barrier
 #
 # A barrier moves no data, only news: "I have arrived". Sending it to everyone would take
 # `n(n-1)` messages. The **dissemination barrier** needs `⌈log2 n⌉` rounds of one message per
-# rank: in the round of distance `d = 2^k`, rank `r` tells rank `r + d` and hears from rank
-# `r − d` (mod `n`). What a rank hears in a round carries everything its sender had heard
-# before, so after the round of distance `d` a rank knows that the `2d − 1` ranks before it have
-# arrived; once `2d ≥ n` it knows about every rank and may leave. Sending without blocking
-# before receiving keeps two ranks that tell each other from waiting on each other.
+# rank, sent and heard at distances 1, 2, 4, ... around the ring of ranks (mod `n`). What a
+# rank hears in a round carries everything its sender had heard before, so after the round of
+# distance `d` a rank knows that `2d − 1` ranks (itself included) have arrived; once `2d ≥ n`
+# it knows about every rank and may leave. Every rank sends and receives in every round, so
+# the deadlock rule above applies.
+#
+# **Think it through.** If every rank tells the rank `d` after it, whom must it hear from for
+# the news to add up to "the `2d − 1` ranks before me (and I) have arrived"?
 #
 # ### What each build costs
 #

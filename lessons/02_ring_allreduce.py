@@ -13,10 +13,13 @@
 #    more, this time copied, not added.
 #
 # In every step a rank sends and receives at the same time, so both messages are started
-# without blocking (lesson 1, "Building them from messages") and waited for together. In phase 1
-# the arriving chunk must be *combined* with the rank's own copy, so it lands in a scratch
-# buffer first (one for the whole phase: a chunk is never longer than the first); in phase 2 it
-# simply replaces the stale copy, so it can land straight in place.
+# without blocking (lesson 1, "Building them from messages") and waited for together. And a
+# receive overwrites its destination, while in phase 1 the arriving chunk must be *combined*
+# with the rank's own copy, not replace it.
+#
+# **Think it through.** In phase 1, where can the arriving chunk land so that nothing the rank
+# still needs is overwritten, and how large must that place be when `n` does not divide the
+# buffer? Why can phase 2 do without it?
 #
 # Each rank sends `2(n-1)` messages of `S/n` bytes: `2(n-1)/n · S` in total, *whatever* `n` is.
 # That number is the bus factor of lesson 1.
@@ -99,35 +102,53 @@ display(W.VBox([W.HBox([ranks, step]), ring_out]))
 # ## The alpha–beta model
 #
 # A message of `m` bytes costs `α + m/β`: a fixed latency `α` (software, synchronisation, the
-# first byte's trip) plus the bytes at bandwidth `β`. For the ring with `n` ranks and `S` bytes:
+# first byte's trip) plus the bytes at bandwidth `β`. An algorithm made of rounds, in which the
+# messages of one round travel side by side over different links, costs the sum of its rounds,
+# each priced at its largest message. So pricing an algorithm is counting: how many rounds, and
+# how many bytes in the largest message of each.
 #
-# $$T_\text{ring} = 2(n-1)\,\alpha + 2\,\frac{n-1}{n}\,\frac{S}{\beta}$$
+# **A worked example: the naive gather** of lesson 1. The root receives one chunk of `S/n`
+# bytes from each of the other `n-1` ranks, one after another (its link carries them in turn):
 #
-# The bandwidth term is almost independent of `n`; the latency term grows with `n`. A binomial
-# tree (reduce to rank 0, then broadcast, each in `⌈log2 n⌉` rounds of the whole buffer) has few
-# latencies but sends everything every round:
+# $$T_\text{gather} = (n-1)\left(\alpha + \frac{S}{n\,\beta}\right)$$
 #
-# $$T_\text{tree} = 2\lceil\log_2 n\rceil\,(\alpha + S/\beta)$$
+# Both terms grow with `n`: `n-1` latencies, and almost the whole buffer through the root's link.
 #
-# So small messages prefer trees (NCCL switches algorithms by size) and large ones the ring. The
-# sliders start at NVLink-like values.
+# The ring and the binomial-tree all-reduce (lesson 1: reduce to rank 0, then broadcast, each in
+# `⌈log2 n⌉` rounds) are priced the same way, and the comparison is the point of this section.
+# The ring pays more latencies than the tree (from four ranks on) and moves fewer bytes, so it
+# is slower for small `S` and faster for large `S`; NCCL switches algorithms by size for exactly
+# this reason. The size at which both times are equal is the **crossover**, and one line of
+# algebra finds it. Two edge cases: when the ring pays no more latencies than the tree (two or
+# three ranks) it is never the slower one, and a ring that saved nothing per byte would never
+# win.
 #
-# Where do the two curves cross? Each time is a count of latencies times `α` plus a count of
-# tensor-sized transfers times `S/β`. The ring pays more latencies than the tree (from four
-# ranks on) and moves fewer bytes, so it is slower for small `S` and faster for large `S`; the
-# size at which both times are equal is the **crossover**, and one line of algebra finds it.
-# Two edge cases: when the ring pays no more latencies than the tree (two or three ranks) it is
-# never the slower one, and a ring that saved nothing per byte would never win. The
-# naive all-reduce of lesson 1 (reduce to the root, then broadcast, the root handling one
-# whole-tensor message at a time) is priced the same way: count its messages.
+# **Think it through.** How many steps does the ring take in all, and how large is the message
+# each rank sends in one step? How many rounds do the two trees take, and how large is each
+# round's message? Which of the two times keeps growing with `n` in its bandwidth term, and
+# which does not? And the naive all-reduce of lesson 1 (reduce to the root, then broadcast, the
+# root handling one whole-tensor message at a time): how many messages does its root handle?
+#
+# The figure below draws the worked example, and your `ring_time` and `tree_time` from
+# `labs/ring_allreduce.py` once you have written them (rerun the cell). The sliders start at
+# NVLink-like values.
 
 # %%
-def ring_time(S, n, alpha, beta):
-    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * S / beta
+from workbook.grading.labs import load_lab
 
 
-def tree_time(S, n, alpha, beta):
-    return 2 * math.ceil(math.log2(n)) * (alpha + S / beta) if n > 1 else 0.0
+def gather_time(S, n, alpha, beta):                       # the worked example above
+    return (n - 1) * (alpha + S / (n * beta))
+
+
+def your_models():
+    """Your lab's ring_time and tree_time, or None while they are not written yet."""
+    try:
+        lab = load_lab("ring_allreduce")
+        lab.ring_time(1 << 20, 4, 1e-6, 1e9), lab.tree_time(1 << 20, 4, 1e-6, 1e9)
+    except Exception:                                         # NotImplementedError, until written
+        return None
+    return lab.ring_time, lab.tree_time
 
 
 sizes = [2 ** k for k in range(10, 31)]
@@ -139,9 +160,19 @@ beta_gbs = W.FloatLogSlider(value=400, base=10, min=0, max=3, description="β (G
 def model():
     a, b, n = alpha_us.value * 1e-6, beta_gbs.value * 1e9, n_pick.value
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=sizes, y=[ring_time(S, n, a, b) * 1e6 for S in sizes], name="ring"))
-    fig.add_trace(go.Scatter(x=sizes, y=[tree_time(S, n, a, b) * 1e6 for S in sizes], name="tree"))
-    fig.update_layout(title=f"all-reduce time, {n} ranks", xaxis=dict(type="log", title="bytes"),
+    fig.add_trace(go.Scatter(x=sizes, y=[gather_time(S, n, a, b) * 1e6 for S in sizes],
+                             name="naive gather (worked example)", line=dict(dash="dot")))
+    mine = your_models()
+    if mine is None:
+        title = f"{n} ranks: write ring_time and tree_time in the lab, then rerun this cell"
+    else:
+        ring_time, tree_time = mine
+        fig.add_trace(go.Scatter(x=sizes, y=[ring_time(S, n, a, b) * 1e6 for S in sizes],
+                                 name="ring all-reduce (yours)"))
+        fig.add_trace(go.Scatter(x=sizes, y=[tree_time(S, n, a, b) * 1e6 for S in sizes],
+                                 name="tree all-reduce (yours)"))
+        title = f"modelled time, {n} ranks"
+    fig.update_layout(title=title, xaxis=dict(type="log", title="bytes"),
                       yaxis=dict(type="log", title="µs"), height=380)
     return fig
 

@@ -185,14 +185,17 @@ trace.timeline_figure(async_run, title="async all-reduce overlapped with compute
 # over the ranks, and the next layer reads the sum. The way out is to cut the batch into chunks.
 # The chunks are independent of each other, so while chunk *k*'s output travels, chunk *k+1* can
 # be computed; chunk *k*'s sum is needed only later. Each chunk's all-reduce then hides behind
-# the next chunk's compute, and at most two are in flight: the one that has just started and the
-# one still to be finished. That is the heart of Domino (lesson 6) and of much of what follows.
+# the next chunk's compute. That is the heart of Domino (lesson 6) and of much of what follows.
 #
-# Two chunks of the timeline are special. The first chunk's compute runs with nothing in flight
-# beside it, and the last chunk's all-reduce has no chunk left to hide behind: they are exposed
-# whatever the schedule. In between, each step lasts the *longer* of one chunk's compute and one
-# all-reduce: if compute is longer the link waits for the next output, if the all-reduce is
-# longer the rank waits for the link (which carries one operation at a time, in issue order).
+# Two constraints shape such a pipeline. The link carries one operation at a time, in issue
+# order, so a second all-reduce started while the first still travels simply queues behind it.
+# And every handle must be waited on before its sum is read, but not earlier than needed: a
+# wait issued too soon turns the pipeline back into the synchronous step above.
+#
+# **Think it through.** Draw the timeline of three chunks on one rank, a compute row and a link
+# row. Which pieces have nothing running beside them? After chunk *k*'s compute has ended and
+# its all-reduce has started, which handle can you afford to wait on, and which one is still
+# travelling when the loop is over?
 #
 # ## Predicting the pipeline
 #
@@ -200,24 +203,49 @@ trace.timeline_figure(async_run, title="async all-reduce overlapped with compute
 # shapes, before anything runs. A simulated link is a `workbook.link.Link`; its fields are the
 # alpha-beta model's figures on this machine: `latency_s` (alpha, seconds per operation) and
 # `bandwidth_Bps` (bus bytes per second), and `local_flops`, the matmul rate this machine
-# measured when the link was calibrated:
+# measured when the link was calibrated. The model has three parts:
 #
 # * **compute**: a matmul of an $[m, k]$ by a $[k, n]$ matrix does $m\,k\,n$ multiply-adds,
 #   and counts **2 FLOPs per multiply-add**; its time is its FLOPs over the measured rate;
 # * **communication**: lesson 2's model, $\alpha + \text{bus bytes} / \text{bandwidth}$, where
-#   a ring all-reduce of $S$ bytes on $n$ ranks moves $\tfrac{2(n-1)}{n} S$ bus bytes, not $S$
-#   (float32: 4 bytes per element);
-# * **the schedule**: add up the timeline above, piece by piece.
+#   the bus bytes are the payload times the collective's bus factor (`link.bus_factor`, the
+#   factor the explorer above used), not the payload itself (float32: 4 bytes per element);
+# * **the schedule**: which of those pieces run one after the other, and which run side by
+#   side, so that only the longer of the two counts. A piece is **exposed** when nothing runs
+#   beside it: the step pays for it in full.
 #
 # Which term dominates changes with the link and the shapes: on the calibrated links alpha is
-# tens of milliseconds, so small messages are all latency. The lab asks for this prediction for
-# your own pipeline; its report prints your number beside the model's and the measured step.
+# tens of milliseconds, so small messages are all latency.
+#
+# ### A worked example: the chunks without overlap
+#
+# Take the *synchronous* way of running chunks: each chunk is computed, then its all-reduce is
+# issued and waited on before the next chunk starts. Nothing ever runs side by side, so every
+# piece is exposed and the step is simply the sum of all of them: $c \times (t_\text{compute} +
+# t_\text{all-reduce})$ for $c$ chunks. Here it is for three chunks of $[128, 2048]$ through a
+# $[2048, 2048]$ weight on two ranks of the simulated link:
 
 # %%
 sim = link.make_link(PRESET, local)
 print(sim.label)
 print(f"latency_s = {sim.latency_s * 1e3:.2f} ms, bandwidth_Bps = {sim.bandwidth_Bps / 1e6:.2f} MB/s, "
       f"local_flops = {sim.local_flops / 1e9:.1f} GFLOP/s")
+
+n_ex, c_ex, rows_ex, d_ex = 2, 3, 128, 2048
+t_compute = 2 * rows_ex * d_ex * d_ex / sim.local_flops                      # FLOPs over the rate
+payload = 4 * rows_ex * d_ex                                                 # one output, float32
+t_comm = sim.latency_s + payload * link.bus_factor("all_reduce", n_ex) / sim.bandwidth_Bps
+print(f"one chunk: compute {t_compute * 1e3:.1f} ms, all-reduce {t_comm * 1e3:.1f} ms "
+      f"({payload / 2**20:.1f} MiB payload)")
+print(f"synchronous, {c_ex} chunks: {c_ex * (t_compute + t_comm) * 1e3:.1f} ms, all of it exposed")
+
+# %% [markdown]
+# The pipelined schedule runs some of these pieces side by side, and that is the figure the lab
+# asks you to predict. **Think it through.** In your timeline of the pipeline, which compute and
+# which all-reduce are exposed whatever the chunk sizes? Between them, what does one step of the
+# pipeline cost when the compute is longer than the all-reduce, and when it is shorter? Check
+# your answer on the example above (is the pipeline faster, and by how much?), then against the
+# report: it prints your number beside the model's and the measured step.
 
 # %% [markdown]
 # ## Explore

@@ -89,14 +89,18 @@ print("A split by rows, GeLU before the sum:   ", torch.allclose(wrong + b, full
 #
 # | operator | forward | backward |
 # |---|---|---|
-# | **scatter** | keep this rank's slice of the last dim (no communication) | all-gather the slices' gradients |
-# | **gather** | all-gather the slices along the last dim | keep this rank's slice of the gradient |
+# | **scatter** | keep this rank's slice of the last dim (no communication) | ? |
+# | **gather** | all-gather the slices along the last dim | ? |
 #
-# Each backward is forced by its forward: scatter's input was replicated, so its gradient must be
-# the whole one, rebuilt from every rank's slice; gather's output was whole on every rank, and
-# each rank's input produced only its own features of it. Every operator of this table is a
-# *pair of functions*, one per pass; `workbook.tensor_parallel.mappings.conjugate_op` makes an
-# autograd operator of such a pair, so each operator is one line once you know its pair.
+# Each backward is forced by its forward, as g's was: the backward must hand back the gradient
+# of the forward's *input*, in the form that input had on this rank (whole and the same on
+# every rank, or this rank's slice). Every operator of this section is a *pair of functions*,
+# one per pass, with f and g as the first two rows.
+#
+# **Think it through.** Fill in the two question marks. Scatter's input was replicated: what
+# must its gradient be, and where are its pieces after the backward of the layers that follow?
+# Gather's output is whole on every rank: which part of its gradient did this rank's input
+# produce?
 #
 # A column-parallel layer therefore enters its region with f and ends with this rank's features
 # (or gathers them, when a caller needs the whole output); a row-parallel layer starts from this
@@ -168,11 +172,14 @@ block_figure()
 # `log Σ exp(z) − z_target` is assembled from three all-reduces of only `B·S` numbers (the max,
 # the sum of exponentials, the target's logit), so no rank ever builds the full `[B, S, V]`.
 # The max is only there for numerical stability: `log Σ exp(z − m) − (z_target − m)` is the same
-# loss for any `m`, so the loss does not depend on it and it needs no gradient. Take it outside
-# autograd (an all-reduce with `MAX`), and the backward pass needs no communication for the loss
-# at all: the two sums are g's, whose backward is the identity. The target's logit lives on one
-# rank only (the one holding its id); the others contribute zero to its sum, and the same trick
-# serves the embedding, which looks up only the ids a rank holds.
+# loss for any `m`, so the loss does not depend on it and it needs no gradient. The target's
+# logit lives on one rank only (the one holding its id), and the embedding has the same problem
+# the other way round: a rank can look up only the ids it holds.
+#
+# **Think it through.** Which of the three all-reduces must carry a gradient back, and which
+# of this lesson's operators gives it the right one? What do the ranks that do not hold the
+# target's id (or a token's id, in the embedding) contribute to the sum, so that the total is
+# right?
 #
 # ## What it costs
 #

@@ -51,11 +51,15 @@ SHARDED = "rgba(0, 114, 178, 0.45)"          # the compute blue, lighter: sequen
 # **Which dim the collectives cut.** The single-tensor collectives of `torch.distributed`
 # (`all_gather_into_tensor`, `reduce_scatter_tensor`) join and cut a buffer along **dim 0**.
 # Megatron-LM keeps activations `[S, B, H]`, so the sequence is dim 0 and they cut it directly.
-# The lab's tensors are `[B, S, H]`, a shard is `x[:, s0:s1]`: around each collective it moves the
-# sequence to the front (`[S, B, H]`, made contiguous, since the collective reads the buffer's
-# memory in order), and back afterwards. A reduce-scatter also needs a sequence length that
-# splits over the *t* ranks; the model checks that once, at construction
+# The lab's tensors are `[B, S, H]`, a shard is `x[:, s0:s1]`, and a collective reads its
+# buffer's memory in order, whatever the tensor's strides say. A reduce-scatter also needs a
+# sequence length that splits over the *t* ranks; the model checks that once, at construction
 # (`ModelConfig.validate(tp, sequence_parallel=True)`).
+#
+# **Think it through.** If you handed a `[B, S, H]` tensor to a collective that joins along
+# dim 0, what would rank 1's positions end up next to? What layout must the buffer have for
+# the join to fall along the sequence, and what must the tensor you return look like to the
+# layers that read it (see also "How much memory it saves" below)?
 
 # %%
 def block_figure():

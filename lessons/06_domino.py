@@ -44,10 +44,17 @@ print(f"this CPU: {LOCAL / 1e9:.0f} GFLOP/s (one thread); model {MODEL}, batch {
 # The lab's core is a pure function, `schedule(stages, p, lookahead, inter_layer)`: the order in
 # which one forward pass runs its *events*. The stages are attention and MLP of every layer,
 # then the head (final norm, LM head, loss); a *unit* is a stage of one batch chunk. Each unit
-# has a `prepare` (wait for the chunk's previous all-reduce, finish it, normalise) and a
-# `compute` (the matmuls, then start the chunk's all-reduce). The lab's executor,
-# `domino_forward`, runs these events on the ranks; everything below plans and draws *your*
-# order. Until your `schedule` runs, the reference's is used.
+# has two events: a `prepare`, everything that must be done before the chunk's matmuls can
+# start, and a `compute`, the chunk's share of the sublayer, whose all-reduce it leaves in flight
+# for later computes to hide. The lab's executor, `domino_forward`, runs these events on the
+# ranks; everything below plans and draws *your* order. Until your `schedule` runs, the
+# reference's is used.
+#
+# > **Think it through** (the executor's events). A chunk's sublayer output is a partial sum
+# > until its all-reduce has arrived: what is the latest event at which the chunk must wait for
+# > it, and what else has to happen to that sum before the next sublayer's matmuls may read it?
+# > And which event must create the backward pass's no-op (next sections), given that the
+# > backward replays the forward's creation order in reverse?
 
 # %%
 mine, reference = load_lab("domino", "labs"), load_lab("domino", "solutions")
@@ -121,8 +128,8 @@ plan_figure(vanilla, f"PLANNED vanilla TP — SIMULATED {PRESET}, {RANKS} ranks,
 #
 # A chunk's forward all-reduce is started from inside the autograd graph (the lab's
 # `StartAllReduce`, Megatron's `g` made asynchronous), and it overwrites its input *in place*
-# after the function has returned. An autograd function that modifies an input in place must say
-# so (`ctx.mark_dirty`), or autograd may keep a stale view of it for the backward pass.
+# after the function has returned. An autograd function that modifies an input in place must
+# declare it to autograd, or autograd may keep a stale view of it for the backward pass.
 #
 # The paper reports Domino up to 1.3× faster than Megatron-LM for GPT models (1.2× for Llama), and
 # close to the no-communication optimum in several settings. A port to nanotron measured over
@@ -222,48 +229,65 @@ plan_figure(column, f"PLANNED column split of B, p={P}, forward only — SIMULAT
 # to (`predict_exposed_ms`): how much communication does *your* Domino step leave exposed, that
 # is, how long does the link carry an all-reduce while the rank computes nothing?
 #
-# Two ingredients. **One chunk's all-reduce** costs what the alpha–beta model of lesson 2 ("The
-# alpha–beta model") says: the link's latency `α` (`link.latency_s`) plus the bytes the ring
-# moves over the bandwidth (`link.bandwidth_Bps`). A ring all-reduce moves the *bus* bytes, not
-# the payload: each byte of the message crosses the link `2(n−1)/n` times on `n` ranks. The
-# message is one chunk's partial sum: its rows of the batch, every token, every hidden feature, in
-# fp32. **One chunk's compute** of a stage is its FLOPs (lesson 7, "Compute: FLOPs of one layer";
-# `domino_plan.sublayer_flops` counts them the planner's way) over the measured matmul rate
-# (`link.local_flops`).
+# The model is the one of lesson 2 ("The alpha–beta model") and lesson 7. An operation on the
+# link costs its latency `α` (`link.latency_s`) plus the bytes it moves over the bandwidth
+# (`link.bandwidth_Bps`). A ring all-reduce on `n` ranks moves the *bus* bytes, not the payload:
+# each byte of the message crosses the link `2(n−1)/n` times. A compute costs its FLOPs
+# (lesson 7, "Compute: FLOPs of one layer") over the measured matmul rate (`link.local_flops`).
+# The link carries one operation at a time, in issue order, and an all-reduce is *exposed* for
+# as long as it is in flight while the rank's compute thread has nothing to do.
 #
-# Then the rule: an all-reduce is hidden when the computes between its start and its wait last at
-# least as long as it. Call a setting **compute-bound** when every chunk's compute of a stage (the
-# head's included) outlasts one chunk's all-reduce. There, an all-reduce with even one compute
-# between its start and its wait is hidden, and the question becomes a count: which all-reduces
-# have *no* compute between their start and their wait? The section on the backward pass counted
-# the units in between in the middle of a run of units (`p − 1 − lookahead` in the forward,
-# `lookahead` in the backward). Look at the *ends* of the runs, in both passes, and remember that
-# autograd runs the forward's order in reverse. Work it out for `inter_layer=True` and for
-# `inter_layer=False`, then compare with the planner below; the lab's grader does the same on
-# settings you do not know in advance.
+# **A worked example, for a different figure: one all-reduce of vanilla TP.** Vanilla TP sums a
+# sublayer's output for the whole batch at once: every sequence, every token, every hidden
+# feature, in fp32. The cell below prices that one message from the link's figures alone, for
+# this lesson's model and for a wider one on a faster clock, and sets it beside the sublayer's
+# compute of the same batch. Domino's question is different: it cuts that message into chunks,
+# and asks which of them find nothing to hide behind.
+#
+# The rule to reason with: an all-reduce is hidden when the computes between its start and its
+# wait last at least as long as it. Call a setting **compute-bound** when every chunk's compute of
+# a stage (the head's included) outlasts one chunk's all-reduce; the lab's grader only uses such
+# settings, with `p ≥ 3`.
+#
+# > **Think it through.** (1) In a compute-bound setting, which all-reduces of one step have
+# > *no* compute between their start and their wait? Look at the ends of the runs of units, in
+# > the forward and in the backward pass, remembering the order in which autograd replays the
+# > forward. (2) What changes in that count when `inter_layer=False` closes every layer with a
+# > wait? (3) What does one of those exposed all-reduces cost: what is in its message?
 
 # %%
+def vanilla_all_reduce(lk, model, batch, ranks):
+    """One vanilla-TP all-reduce (a sublayer's output, the whole batch, fp32), priced by hand."""
+    payload = 4 * batch * model["seq_len"] * model["hidden"]          # bytes of the message
+    bus = payload * 2 * (ranks - 1) / ranks                            # what the ring moves
+    return lk.latency_s + bus / lk.bandwidth_Bps
+
+
 demo = dict(model=dict(hidden=2048, heads=16, ffn_hidden=8192, n_layers=2, seq_len=256, vocab_size=8192),
-            batch=8, p=4, ranks=RANKS)
+            batch=8, p=4)
 demo_link = link.make_link(PRESET, 100e9)             # a fixed calibration: 100 GFLOP/s
-for name, settings in (("this lesson's model on this CPU", dict(model=MODEL, batch=BATCH, p=P, ranks=RANKS,
-                                                                  flops_rate=LOCAL, lk=SETUP["lk"])),
-                       ("a wider model at 100 GFLOP/s", dict(demo, flops_rate=100e9, lk=demo_link))):
-    shortest, one = domino_plan.chunk_seconds(**settings)
-    print(f"{name}: {'compute-bound' if shortest > one else 'NOT compute-bound'} (the shortest "
-          f"chunk compute of a stage is {shortest / one:.2f} x one chunk's all-reduce)")
+for name, model, batch, rate, lk in (("this lesson's model on this CPU", MODEL, BATCH, LOCAL, SETUP["lk"]),
+                                     ("a wider model at 100 GFLOP/s", demo["model"], demo["batch"], 100e9,
+                                      demo_link)):
+    ar = vanilla_all_reduce(lk, model, batch, RANKS)
+    mlp = sum(domino_plan.sublayer_flops(model, batch * model["seq_len"], RANKS)["mlp"]) / rate
+    print(f"{name}: one vanilla all-reduce {ar * 1e3:.1f} ms (alpha {lk.latency_s * 1e3:.2f} ms), "
+          f"the MLP's compute of the same batch {mlp * 1e3:.1f} ms")
 for inter in (True, False):
-    model_ms = domino_plan.exposed_ms(schedule, inter_layer=inter, flops_rate=100e9, lk=demo_link, **demo)
     try:
-        mine_ms = f"{mine.predict_exposed_ms(demo_link, demo['model'], demo['batch'], demo['p'], RANKS, inter):.1f}"
-    except Exception as exc:                         # noqa: BLE001 - not written yet
-        mine_ms = f"- ({type(exc).__name__})"
-    print(f"inter_layer={inter}: planned exposed {model_ms:.1f} ms ({whose}); your prediction {mine_ms}")
+        mine_ms = f"{mine.predict_exposed_ms(demo_link, demo['model'], demo['batch'], demo['p'], RANKS, inter):.1f} ms"
+    except Exception as exc:                         # noqa: BLE001 - not written yet, or broken
+        mine_ms = f"- ({type(exc).__name__}: predict_exposed_ms is not written yet, or fails)"
+    print(f"the wider model, p={demo['p']}, inter_layer={inter}: your prediction {mine_ms}")
 
 # %% [markdown]
-# Where the setting is not compute-bound (this lesson's own model on a CPU: the latency, scaled
-# up by the slow-motion calibration, makes small chunks' all-reduces long), the count is a lower
-# bound: the planner also charges the link time that queues behind computes too short to hide it.
+# Your prediction is checked after you make it: the grader compares it with the planner on
+# settings you do not know in advance and names the term of a known wrong derivation, and the
+# report (`workbook run domino`) prints it beside the planner's figure and the exposed time
+# measured in your own run. Where a setting is not compute-bound (this lesson's own model on a
+# CPU, where the latency, scaled up by the slow-motion calibration, makes small chunks'
+# all-reduces long), a count of unhidden all-reduces is only a lower bound: the planner also
+# charges the link time that queues behind computes too short to hide it.
 
 # %% [markdown]
 # ## Planned vs measured: a real run on 2 ranks

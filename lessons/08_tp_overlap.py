@@ -50,29 +50,39 @@ runs = Path(tempfile.mkdtemp(prefix="lesson8-"))
 # %% [markdown]
 # ## The ring all-gather + GEMM
 #
-# There are $n$ ranks in a ring, and rank $r$ sends to $r+1$ and receives from $r-1$ (mod $n$). At
-# step $k = 0, \dots, n-1$, rank $r$ holds shard $(r-k) \bmod n$. It does three things:
+# There are $n$ ranks in a ring, and rank $r$ sends to $r+1$ and receives from $r-1$ (mod $n$).
+# Why a ring works for $Y = \mathrm{AG}(X)\,W^\top$: the rows of $Y$ that belong to one sequence
+# shard need that shard alone, so a rank never needs the whole gathered input at once. It can
+# multiply the shard it holds while the next one is on its way. What must hold:
 #
-# 1. it starts sending that shard to the next rank, and receiving the previous rank's shard;
-# 2. it multiplies the shard it holds into its rows of $Y$, while the exchange is in flight;
-# 3. it waits for the exchange and moves to the next step with the shard it received.
+# * every rank multiplies every shard exactly once, into that shard's own rows of $Y$, and keeps
+#   the gathered input as well, which the backward pass needs;
+# * an exchange is useful only if it is *in flight* while a GEMM runs: a shard that is waited for
+#   before any compute starts is plain SP again, in $n$ pieces;
+# * each exchange carries one shard, $1/n$ of the gathered tensor, so the ring moves exactly the
+#   bytes of the all-gather it replaces; and since every rank starts with its own shard, only
+#   $n-1$ exchanges are needed.
 #
-# After $n$ steps every rank has multiplied every shard (the whole $Y$) and has also kept the
-# gathered input, which the backward pass needs. There are only $n-1$ exchanges: at the last step
-# nothing is left to fetch. Each exchange carries one shard, $1/n$ of the gathered tensor, so the
-# ring moves exactly the bytes of the all-gather it replaces.
+# The reduce-scatter ring (next section) runs the other way around: what travels is not an input
+# shard but a *running sum*. Rank $r$ owns the rows of shard $r$ of the output, and the sum for
+# those rows needs a partial product from every rank, so each rank adds its own share to the
+# total it received and passes it on, and the total must be complete when it reaches its owner.
 #
-# The reduce-scatter ring (next section) runs the other way around. At step $k$, rank $r$ computes
-# its partial sum for shard $(r-k-1) \bmod n$, adds the running total that the previous rank
-# passed it, and passes the new total on. At step $n-1$ the shard is $r$ itself and the total is
-# complete. The arrows show what travels: the same shard (left) or the same running sum (right),
-# one rank further at each step.
+# The grid below draws both rings on 4 ranks: which shard each rank works on at each step, and,
+# by the arrows, what travels one rank further during that step's GEMM: the same shard (left) or
+# the same running sum (right).
+#
+# > **Think it through.** (1) Read the left grid: which shard does rank $r$ hold at step $k$,
+# > and what has to be already in flight when that step's GEMM starts? At which step is there
+# > nothing left to fetch? (2) Read the right grid: which shard's partial sum does rank $r$
+# > compute at step $k$, if the sum it finishes at the last step must be its own? At which step
+# > is there no incoming sum to add yet?
 
 # %%
 def ring_grid(n: int):
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
-        "all-gather + GEMM: shard multiplied, (r − k) mod n",
-        "GEMM + reduce-scatter: partial sum for shard (r − k − 1) mod n"))
+        "all-gather + GEMM: the shard multiplied",
+        "GEMM + reduce-scatter: the shard whose partial sum is added"))
     for col, offset, letter in ((1, 0, "X"), (2, 1, "Σ")):
         z = [[(r - k - offset) % n for k in range(n)] for r in range(n)]
         fig.add_trace(go.Heatmap(z=z, text=[[f"{letter}{j}" for j in row] for row in z],
@@ -192,14 +202,12 @@ trace.timeline_figure(ring3, title=f"SP all-gather, then {who}, 3 ranks — {lab
 # ## GEMM + reduce-scatter, and what stays exposed
 #
 # Both rings pair $n$ GEMM steps with $n-1$ exchanges. Let $t_g$ be one step's GEMM ($1/n$ of the
-# whole GEMM) and $t_c$ one exchange: the link's latency $\alpha$ plus one shard of bytes over the
-# bandwidth. A step lasts as long as the slower of the two, and one step has no partner:
-#
-# $$T_\text{ring} \approx (n-1)\,\max(t_g,\,t_c) + t_g, \qquad
-#   \text{exposed} \approx (n-1)\,\max(0,\; t_c - t_g).$$
-#
-# Plain SP pays $T_\text{SP} = t_\text{AG} + n\,t_g$ with $t_\text{AG} \approx (n-1)\,t_c$. Two
-# things follow:
+# whole GEMM) and $t_c$ one exchange. A step that pairs an exchange with a GEMM lasts as long as
+# the slower of the two: if the GEMM is the longer, the exchange is hidden; if the exchange is,
+# the compute thread waits for the rest of it, and that wait is exposed communication. For
+# contrast, plain SP waits for its whole all-gather first, $t_\text{AG} \approx (n-1)\,t_c$ on a
+# ring of sends, and only then runs its GEMMs: $T_\text{SP} = t_\text{AG} + n\,t_g$, with all of
+# $t_\text{AG}$ exposed. For the ring, two things follow:
 #
 # * **One step has nothing to pair with.** In the all-gather ring, the last GEMM runs after the
 #   last shard has arrived. In the ring reduce-scatter, the first GEMM runs before any sum can be
@@ -216,69 +224,91 @@ trace.timeline_figure(ring3, title=f"SP all-gather, then {who}, 3 ranks — {lab
 #
 # $$\text{exposed}_\text{chunked} \approx t_\text{RS}(N/c) + (c-1)\,\max\big(0,\; t_\text{RS}(N/c) - t_g^{(c)}\big),$$
 #
-# which is one chunk, $1/c$ of the communication, even when the link is fast. Which rows make a
-# piece? A reduce-scatter hands rank $r$ the $r$-th of $n$ equal parts of its input, so a piece
-# cannot be a run of consecutive positions: it must hold the same slice of *every* rank's shard,
-# and then its reduce-scatter returns a slice of this rank's own shard.
+# which is one chunk, $1/c$ of the communication, even when the link is fast.
 #
-# The formula, fed with the numbers of your 2-rank trace: $t_g$ is the ring's compute divided by
-# $n$, and $t_c$ is the link's busy time divided by $n-1$. It is a rough check. The ranks share
-# 2 cores with everything else on the machine, so the same GEMM can take twice as long from one
-# step to the next, and a peer that arrives late shows up as exposed time too.
+# > **Think it through** (the chunked variant). A reduce-scatter hands rank $r$ the $r$-th of
+# > $n$ equal parts of its input along the sequence. If a piece were a run of consecutive
+# > positions of the GEMM's output, which rows would each rank receive, and would they belong to
+# > its own shard? Which rows must a piece hold instead, so that every piece's reduce-scatter
+# > returns a slice of this rank's own shard and the slices join into the whole of it?
+#
+# The two ingredients, read from your 2-rank trace: $t_g$ is the ring's compute divided by $n$,
+# and $t_c$ is the link's busy time divided by $n-1$. Set them beside the exposed time the trace
+# shows: does it match what a step that pairs the two should expose? It is a rough check. The
+# ranks share 2 cores with everything else on the machine, so the same GEMM can take twice as
+# long from one step to the next, and a peer that arrives late shows up as exposed time too.
 
 # %%
 for r in ring2.ranks:
     m = trace.overlap(ring2, rank=r, within="ring")
     t_g, t_c = m.compute_us / 2e3, m.comm_us / 1e3
-    print(f"rank {r}: t_g = {t_g:5.1f} ms, t_c = {t_c:5.1f} ms: predicted exposed "
-          f"{max(0.0, t_c - t_g):5.1f} ms, traced {m.exposed_comm_us / 1e3:5.1f} ms")
+    print(f"rank {r}: t_g = {t_g:5.1f} ms, t_c = {t_c:5.1f} ms, traced exposed "
+          f"{m.exposed_comm_us / 1e3:5.1f} ms")
 
 # %% [markdown]
 # ## Predict, then measure
 #
 # The lab asks you to predict, before any run, how much communication your ring all-gather +
 # GEMM leaves exposed, from the link's figures and the shapes alone
-# (`predict_ring_exposed_ms`). Everything the formula above needs is on the simulated link,
-# a `workbook.link.Link` (lesson 3 built it, lesson 7 used its figures):
+# (`predict_ring_exposed_ms`). Everything the model needs is on the simulated link, a
+# `workbook.link.Link` (lesson 3 built it, lesson 7 used its figures):
 #
-# * $\alpha$, the latency each operation pays, and $1/\beta$, the bandwidth in bytes per
-#   second. One exchange is a send between two neighbours: it moves its bytes once (no bus
-#   factor: that belongs to collectives), one shard $[B, S/n, H]$ of them, so
-#   $t_c = \alpha + B\,\tfrac{S}{n}\,H\,e\;\beta$ with $e$ bytes per element.
-# * $F$, the compute rate the link was calibrated to (the local matmul rate, measured on this
-#   machine). One step multiplies one shard's $B\,S/n$ rows by the weight $[H_\text{out}, H]$:
-#   $2\,B\,\tfrac{S}{n}\,H\,H_\text{out}$ FLOPs (a multiply and an add per weight and row,
-#   lesson 7), so $t_g$ is that over $F$.
-# * The ring has $n-1$ steps with an exchange; each exposes $\max(0,\, t_c - t_g)$, never less
-#   than zero, because a step lasts as long as the slower of its two halves. Plain SP exposes
-#   its whole all-gather instead: $\alpha + \tfrac{n-1}{n}$ of the gathered bytes over the
-#   bandwidth.
+# * $\alpha$ (`latency_s`), the latency each operation pays, and $1/\beta$ (`bandwidth_Bps`), the
+#   bandwidth in bytes per second: an operation costs $\alpha$ plus the bytes it moves times
+#   $\beta$. A collective moves its *bus* bytes (an all-gather on a ring moves $(n-1)/n$ of the
+#   gathered tensor, an all-reduce twice that); a send between two neighbours moves its bytes
+#   once: the bus factor belongs to collectives.
+# * $F$ (`local_flops`), the compute rate the link was calibrated to (the local matmul rate,
+#   measured on this machine). A GEMM costs its FLOPs over $F$: two per multiply-add (lesson 7,
+#   "Compute: FLOPs of one layer").
+# * *Exposed* communication is link time during which the compute thread has nothing to run and
+#   waits for it; a step whose compute outlasts its communication exposes none of it, never a
+#   negative amount.
 #
-# The calibration scales the bandwidth by $F$ and the latency by $1/F$, so the *ratio*
-# $t_c / t_g$ is the real machine's whatever this CPU's speed: the prediction says whether the
-# ring hides on an H100 node, in the CPU's slow motion. The cell below sets your prediction for
-# the traced ring above beside the model's. After your lab's checks, `workbook run tp_overlap`
-# prints the same three columns for your own ring: your prediction, the model, and the exposed
-# time measured in its trace, where launch costs, copies and a late peer add what the model
-# leaves out.
+# The calibration scales the bandwidth by $F$ and the latency by $1/F$, so the *ratio* of a
+# transfer's time to a GEMM's is the real machine's whatever this CPU's speed: a prediction says
+# whether the ring hides on an H100 node, in the CPU's slow motion.
+#
+# **A worked example, for a different figure: plain SP.** Plain SP waits for its whole all-gather
+# before its one GEMM, so all of the all-gather is exposed. For the traced run above (2 ranks,
+# each holding a shard $[B, S/n, H] = [4, 128, 512]$ in fp32), the gathered tensor holds
+# $B \cdot S \cdot H \cdot 4$ bytes and the all-gather costs
+# $\alpha + \tfrac{n-1}{n} B S H \cdot 4\;\beta$. The cell below prices it from the link's
+# figures and sets it beside the `sp` phase measured in the trace.
+#
+# > **Think it through.** (1) How many of the ring's steps pair an exchange with a GEMM, and what
+# > do one exchange and one step's GEMM each cost: how many bytes does an exchange move, and
+# > how many rows does a step's GEMM multiply by the weight $[H_\text{out}, H]$? (2) What does one
+# > such step expose when its GEMM is the longer, and when its exchange is? (3) Why can the
+# > ring's exposed time be far below plain SP's, and when is it not?
+#
+# Write `predict_ring_exposed_ms` first: the cell then shows your prediction for the traced ring
+# beside what its trace measured. After your lab's checks, `workbook run tp_overlap` prints your
+# prediction, the course's model and the exposed time measured in your own ring's trace side by
+# side, where launch costs, copies and a late peer add what the model leaves out.
 
 # %%
 from workbook.grading.labs import load_lab
-from workbook.tensor_parallel.tp_overlap_report import modelled_ring_exposed_ms
 
 lk = link.make_link(PRESET, rings[2][0]["flops"])    # the link the 2 ranks above ran on
-shape = (2, 4, 2 * 128, 512, 4096)                   # ring_run's: n, batch, seq, hidden, out
+n, batch, seq, hidden, out = 2, 4, 2 * 128, 512, 4096  # ring_run's shapes on 2 ranks
+print(f"{lk.label}: alpha {lk.latency_s * 1e3:.1f} ms, bandwidth {lk.bandwidth_Bps / 1e6:.1f} MB/s, "
+      f"F {lk.local_flops / 1e9:.1f} GFLOP/s")
+sp_priced = lk.latency_s + (n - 1) / n * batch * seq * hidden * 4 / lk.bandwidth_Bps
+sp_traced = max(trace.overlap(ring2, rank=r, within="sp").exposed_comm_us / 1e3 for r in ring2.ranks)
+print(f"worked example, plain SP's all-gather: priced {sp_priced * 1e3:.1f} ms, its trace shows "
+      f"{sp_traced:.1f} ms exposed (the slower rank)")
 try:
-    yours = load_lab("tp_overlap").predict_ring_exposed_ms(lk, *shape)
-except NotImplementedError:
+    yours = load_lab("tp_overlap").predict_ring_exposed_ms(lk, n, batch, seq, hidden, out)
+except Exception as exc:                             # noqa: BLE001 - not written yet, or broken
     yours = None
-traced = [trace.overlap(ring2, rank=r, within="ring") for r in ring2.ranks]
-print(f"{lk.label}: alpha {lk.latency_s * 1e3:.1f} ms, bandwidth {lk.bandwidth_Bps / 1e6:.1f} MB/s")
-print(f"exposed by the 2-rank ring above: you predict "
-      f"{'- (predict_ring_exposed_ms is not written yet)' if yours is None else f'{yours:.1f} ms'}, "
-      f"the model gives {modelled_ring_exposed_ms(lk, *shape):.1f} ms, its trace shows "
-      f"{max((m.exposed_comm_us - m.skew_us) / 1e3 for m in traced):.1f} ms (the slower rank, "
-      f"a late peer excused)")
+    print(f"your ring: - (predict_ring_exposed_ms: {type(exc).__name__}; write it, then run this "
+          "cell again to see the measurement beside it)")
+if yours is not None:
+    traced = [trace.overlap(ring2, rank=r, within="ring") for r in ring2.ranks]
+    print(f"your ring: you predict {yours:.1f} ms exposed; its trace shows "
+          f"{max((m.exposed_comm_us - m.skew_us) / 1e3 for m in traced):.1f} ms (the slower rank, "
+          f"a late peer excused)")
 
 # %% [markdown]
 # ## Bulk overlap in the backward pass
@@ -406,20 +436,33 @@ tp_overlap_bench.figure(bench)
 # The model below puts numbers on the second list, for one MLP sublayer's forward pass on the real
 # hardware: the preset's link at full speed (`link.make_link` at the GPU's FLOP rate, so nothing
 # is scaled), bf16 GEMMs at peak, and `Link.op_time` for every transfer. SP exposes its all-gather
-# and reduce-scatter. The ring exposes $(n-1)\max(0, t_c - t_g)$ per ring. The chunked variant
-# ($c = n$ pieces) exposes one piece plus any excess. Domino sends $p$ all-reduces of $N/p$ bytes
+# and reduce-scatter. The ring's exposure is the figure you predict in the lab: the two ring lines
+# use *your* `predict_ring_exposed_ms` (at batch 1, the tokens as one sequence, bf16), and stay
+# empty until it is written. The chunked variant ($c = n$ pieces) exposes one piece plus any
+# excess. Domino sends $p$ all-reduces of $N/p$ bytes
 # per sublayer, hidden behind both GEMMs and across layers. The model counts exposed time only,
 # so it cannot show the first list. Hover over a point to see the sublayer's compute.
 
 # %%
+try:
+    your_ring = load_lab("tp_overlap").predict_ring_exposed_ms
+    your_ring(link.make_link(PRESET, 1e12), 2, 1, 1024, 2048, 4096, 2)
+    print("The ring lines below are your predict_ring_exposed_ms at the real hardware's scale.")
+except Exception as exc:                             # noqa: BLE001 - not written yet, or broken
+    your_ring = None
+    print(f"predict_ring_exposed_ms: {type(exc).__name__}; the ring lines below stay empty until "
+          "it runs (then run this cell again).")
+
+
 def modelled_exposed(preset, hidden, tokens, n, p, elsize=2):
     """Seconds of exposed communication per method, and the sublayer's GEMM seconds."""
     rate = link.PRESETS[preset].peak_tflops * 1e12
     lk = link.make_link(preset, rate)              # the real machine's clock: nothing scaled
     N = tokens * hidden * elsize                   # one [B, S, H] activation, bf16
     gemm = 2 * tokens * hidden * 4 * hidden / n / rate      # fc1 (or fc2) on one rank
-    t_c, t_g = lk.op_time("send", N / n, n), gemm / n
-    ring = (n - 1) * max(0.0, t_c - t_g)
+    t_g = gemm / n                                 # one ring step's GEMM
+    ring = float("nan") if your_ring is None else \
+        your_ring(lk, n, 1, tokens, hidden, 4 * hidden // n, elsize) / 1e3
     piece = lk.op_time("reduce_scatter", N / n, n)
     return {"sp": lk.op_time("all_gather", N, n) + lk.op_time("reduce_scatter", N, n),
             "pipelined (ring)": 2 * ring,

@@ -118,28 +118,34 @@ for name in VARIANTS:
 # started as early as the backward pass allows.
 #
 # * **Which parameters share a bucket.** The backward pass makes the gradients in the reverse
-#   of the order the forward pass used the parameters: the head's first, the embedding's last.
-#   So the buckets are filled walking the parameters *from the last one*: a bucket takes
-#   parameters while they fit under the cap, and closes the moment the next one would push it
-#   over; a parameter larger than the cap on its own gets a bucket to itself. Every bucket then
-#   holds gradients that become ready close together, and the first bucket is complete first.
+#   of the order the forward pass used the parameters: the head's first, the embedding's last. A
+#   bucket can go out only when its *last* gradient is ready, so a bucket that mixes an early
+#   and a late gradient waits for the late one. The cap bounds how much one bucket carries (why
+#   bound it at all is the trade-off below).
 # * **One flat buffer per bucket.** If a bucket's gradients live side by side in one buffer
 #   (each parameter's gradient a view into it, as the given `FlatParameters` arranges), one
 #   collective averages the whole bucket in place, and the optimizer reads the result through
-#   the parameters without a copy. Zeroing the gradients before a step must then keep those
-#   views: zero the buffer, never drop the gradients.
-# * **When a bucket is complete.** Autograd can call you back *after* it has accumulated a
-#   parameter's gradient (a post-accumulate-grad hook, one per parameter). Count each bucket's
-#   gradients down from its size; when the count reaches zero, the bucket's buffer is final.
+#   the parameters without a copy. The views are the point: anything that replaces a gradient
+#   tensor instead of writing into it (zeroing between steps included) cuts it off its bucket.
+# * **When a bucket is complete.** Autograd can call you back once per parameter, *after* it
+#   has accumulated that parameter's gradient. It says nothing about buckets: knowing that a
+#   bucket's buffer is final is your bookkeeping.
 # * **In which order buckets go out.** Every rank must issue the same collectives in the same
-#   order, or the ranks pair one bucket's all-reduce with another's. Hooks fire in an order
-#   autograd chooses, which need not be the bucket order, so a bucket that completes early
-#   waits until every bucket before it has gone out; each one completing may release several.
-# * **Asynchronous, then one wait.** Each all-reduce starts without blocking (an async
-#   collective returns a handle), so the backward pass keeps computing while the link carries
-#   it. After the backward pass, the sync checks that every bucket went out (a bucket that never
-#   completed means a parameter got no gradient) and waits on every handle: only after the wait
-#   is a buffer guaranteed to hold the average.
+#   order, or the ranks pair one bucket's all-reduce with another's and sum unrelated numbers
+#   (or hang). Hooks fire in an order autograd chooses, which need not be the bucket order, and
+#   which need not be the same on every rank.
+# * **Asynchronous, then wait.** An asynchronous collective returns a handle at once, so the
+#   backward pass keeps computing while the link carries the bucket; the buffer is guaranteed to
+#   hold the average only after a wait on that handle. And a bucket that never completed is a
+#   bug to report, not to wait for: some parameter got no gradient.
+#
+# **Think it through** before you write tasks 2 and 3:
+#
+# 1. Walking the parameters in which order, and closing a bucket at which moment, gives buckets
+#    that each complete as early as possible and never exceed the cap (and what about one
+#    parameter larger than the cap)?
+# 2. Bucket 2 reports complete before bucket 1 has: what may you do now, and what must happen
+#    when bucket 1 then completes?
 #
 # ### One training step, naive and bucketed
 #
@@ -183,26 +189,25 @@ lesson.timeline({
 #   link's full latency $\alpha$ (in slow motion, NVLink's 2 µs become tens of milliseconds).
 # * **Bucketed DP** sends each bucket as soon as its last gradient is ready: the head's bucket
 #   goes out while block 1 still computes, block 1's while block 0 computes.
-# * **The last bucket has nothing to hide behind.** The embedding is the first layer of the
-#   forward pass, so its gradient is the last of the backward pass, and a cheap scatter-add of
-#   rows. The last two buckets hold the embedding's tables, so they start only when the backward
-#   pass is over: the red tail of the step. NeMo's distributed optimizer exposes exactly one chunk
-#   for the same reason.
+# * **Something stays red after the backward pass** even in the bucketed step: a tail of link
+#   time that no compute hides. NeMo's distributed optimizer exposes one chunk at the end of the
+#   backward pass, too. Hover over the last link bars: which buckets are they, what do they
+#   hold, and when did their last gradient become ready? You will need the answer for task 4.
 #
 # ### The bucket size is a trade-off
 #
 # Smaller buckets start earlier, but each pays $\alpha$; larger buckets pay $\alpha$ fewer times,
-# but the last one, exposed, is larger, and one huge bucket is naive DP with a single all-reduce.
-# With $K$ buckets of $b$ bytes,
+# but what comes last, exposed, is larger, and one huge bucket is naive DP with a single
+# all-reduce. What the link carries per step with $K$ buckets does not depend on how the bytes
+# are split, only on how many pieces:
 #
-# $$T_\text{link} = K\alpha + \frac{2(n-1)}{n}\,\frac{\Psi e}{\beta}, \qquad
-#   T_\text{exposed} \gtrsim \alpha + \frac{2(n-1)}{n}\,\frac{b_\text{last}}{\beta}.$$
+# $$T_\text{link} = K\alpha + \frac{2(n-1)}{n}\,\frac{\Psi e}{\beta}.$$
 #
 # The sweep runs your `BucketedDP` with five bucket sizes, a warm-up step and two measured steps
 # each. Left, what the link carried per step, split into its two terms. Right, the exposed time
 # (the rank's wait in `finish_gradient_sync`) against the alpha-beta model of the same buckets
-# (`lesson.predict_exposed`: each bucket ready when its layers' share of the backward FLOPs is
-# done, the embedding's share being zero, and the link carrying the buckets one after the other).
+# (`lesson.predict_exposed`, a small simulation of the step: when each bucket becomes ready, and
+# the link carrying the buckets one after the other).
 
 # %%
 SIZES = [256 << 10, 1 << 20, 2 << 20, 4 << 20, 16 << 20]
@@ -218,51 +223,94 @@ lesson.sweep_figure(rows, f"the bucket size, {dp_who} BucketedDP on 2 ranks — 
 #
 # ### Predict the exposed tail
 #
-# Part of the traffic can never hide, whatever the link and the bucket size: the buckets that
-# hold a gradient of the *first* layer (the embedding). Its gradients are the last the backward
-# pass makes, and no compute follows them, so every bucket holding one of them (the last
-# bucket, and with a small cap and a model with two embedding tables, such as GPT's token and
-# position tables, the one before it too) starts only when the backward pass is over. If the
-# overlap condition holds, the link has carried every earlier bucket by then, and the exposed
-# time of the step is the time of these buckets' all-reduces.
+# **Exposed** time is link time that no compute runs beside: here, how long the rank waits in
+# `finish_gradient_sync` after the backward pass has made its last gradient. Communication that
+# the link finishes while the backward pass still computes costs the step nothing; whatever the
+# link still has to carry when the compute runs out is paid in full.
 #
-# Each all-reduce costs what lessons 2 and 3 derived for the ring on the alpha-beta link: one
-# latency $\alpha$ per operation, plus its *bus* bytes over the bandwidth. An all-reduce of a
-# bucket of $S$ bytes is a reduce-scatter then an all-gather, each putting $\frac{n-1}{n}S$
-# bytes on the link per rank, so
+# To predict it before a run you need three things, all from lessons 2 and 3:
 #
-# $$ T_\text{exposed} = \sum_{b\,\ni\,\text{first layer}}
-#    \Big(\alpha + \frac{2(n-1)}{n}\,\frac{S_b}{\text{bandwidth}}\Big), $$
+# * **the cost of one collective** on the alpha-beta link: a latency $\alpha$ per operation,
+#   however small, plus the bytes the ring puts on the link *per rank* (the bus bytes) over the
+#   bandwidth $1/\beta$. The bus bytes depend on the collective and on $n$: a reduce-scatter or
+#   an all-gather of a buffer of $S$ bytes moves $\frac{n-1}{n}S$ per rank, and an all-reduce is
+#   one of each;
+# * **when each collective can start**: not before the compute that produces its input is done;
+# * **how much compute is left after that moment** to hide it behind: at $F$ FLOP/s, the
+#   backward pass of a layer of $\Psi_i$ parameters on $T$ tokens takes about $4T\Psi_i/F$.
 #
-# with $S_b$ the bytes of the *whole* bucket (its all-reduce carries every gradient in it, not
-# only the embedding's). On the simulated link, $\alpha$ and the bandwidth are the `Link`'s
-# latency and bandwidth fields (lesson 3), already in slow motion. The classic slips: the
-# payload $S$ instead of the bus bytes (they agree only at $n = 2$), $2S$ (the $\frac{n-1}{n}$
-# forgotten), $\alpha$ left out (it dominates small buckets), every bucket summed (all but these
-# hide), seconds instead of milliseconds. The lab's `predict_exposed_ms` asks for this figure
-# for your buckets; the grader checks it on three links and rank counts, and `workbook run
-# dp_overlap` prints your prediction beside the model and the measured exposed time.
+# On the simulated link, $\alpha$ and the bandwidth are the `Link`'s `latency_s` and
+# `bandwidth_Bps` (lesson 3), already in slow motion, and the all-reduce of one buffer costs
+# `link.op_time("all_reduce", S, n)`.
 #
-# The cell computes the model's value for the bucketed step above, beside the exposed wait that
-# step measured (how long `finish_gradient_sync` waited after the backward pass).
+# **A worked example, on a different figure: naive DP.** `NaiveDP` issues every all-reduce after
+# the backward pass, one per parameter and blocking, so there is no compute left to hide any of
+# them: its whole link time is exposed. The cell adds up, from the naive step's own link log, one
+# $\alpha$ per all-reduce plus $2\frac{n-1}{n}S/\text{bandwidth}$ for each buffer of $S$ bytes,
+# and compares the sum with the wait that step measured.
 
 # %%
-from workbook.data_parallel.dp_overlap_report import exposed_tail
-
-sim_tail = link.make_link(PRESET, dp["bucketed"][0]["local_flops"])   # as the ranks calibrated it
-bucket_sizes = [sum(nbytes for _, nbytes in b) for b in dp["bucketed"][0]["buckets"]]
-first_layer_bytes = [sum(nbytes for layer, nbytes in b if layer == 0)
-                     for b in dp["bucketed"][0]["buckets"]]
-tail_ms, _ = exposed_tail(sim_tail, bucket_sizes, first_layer_bytes, 2)
-step_marks = dp["bucketed"][0]["steps"][0]["marks"]
-print(f"{sum(f > 0 for f in first_layer_bytes)} of {len(bucket_sizes)} buckets hold a first-layer "
-      f"gradient: model {tail_ms:.1f} ms exposed, measured wait "
-      f"{step_marks['sync_end'] - step_marks['backward_end']:.1f} ms ({label})")
+sim = link.make_link(PRESET, dp["naive"][0]["local_flops"])          # as the ranks calibrated it
+naive_ops = [o for o in dp["naive"][0]["steps"][0]["ops"] if o["op"] == "all_reduce"]
+n_ranks = 2
+naive_alpha_ms = len(naive_ops) * sim.latency_s * 1e3
+naive_beta_ms = sum(2 * (n_ranks - 1) / n_ranks * o["bytes"] for o in naive_ops) \
+    / sim.bandwidth_Bps * 1e3
+naive_marks = dp["naive"][0]["steps"][0]["marks"]
+print(f"NaiveDP: {len(naive_ops)} all-reduces, {sum(o['bytes'] for o in naive_ops) / 2**20:.1f} "
+      f"MiB of gradients")
+print(f"  model:    {naive_alpha_ms:.0f} ms of latency + {naive_beta_ms:.0f} ms of bus bytes = "
+      f"{naive_alpha_ms + naive_beta_ms:.0f} ms exposed")
+print(f"  measured: {naive_marks['sync_end'] - naive_marks['backward_end']:.0f} ms waited in "
+      f"finish_gradient_sync ({label})")
 
 # %% [markdown]
-# The measured wait is usually longer: the model assumes the link is free when the backward
-# pass ends, and counts neither the launch of each collective nor the skew between the ranks;
-# where the overlap condition fails, the queue of earlier buckets adds to it.
+# The measured wait is a little longer: the model counts neither the launch of each collective
+# nor the skew between the ranks. Note how much of naive DP's time is latency alone.
+#
+# `BucketedDP` is a different story: most buckets start while the backward pass still computes,
+# and (when the overlap condition below holds) the link has carried them before it ends. Task 4,
+# `predict_exposed_ms`, asks for the part that stays exposed, for your buckets, on any link and
+# any number of ranks, assuming the overlap condition holds.
+#
+# **Think it through** before you write task 4:
+#
+# 1. Which buckets can start only once the backward pass has made its very last gradient, and
+#    why is there nothing left to hide them behind? (The timeline above shows it; with a small
+#    cap there may be more than one.)
+# 2. What does each of those all-reduces carry, and what does each cost on the link with $n$
+#    ranks?
+#
+# Once your `predict_exposed_ms` runs, the cell below calls it on the buckets of the bucketed step
+# above and prints the measured wait beside it.
+
+# %%
+import torch
+
+from workbook.grading.labs import load_lab
+
+tail_sim = link.make_link(PRESET, dp["bucketed"][0]["local_flops"])  # as the ranks calibrated it
+as_params = [[(layer, torch.nn.Parameter(torch.empty(nbytes // 4))) for layer, nbytes in b]
+             for b in dp["bucketed"][0]["buckets"]]                    # fp32: 4 bytes an element
+my_buckets = [[p for _, p in b] for b in as_params]
+my_first_layer = [p for b in as_params for layer, p in b if layer == 0]
+try:
+    yours = float(load_lab("dp_overlap", "labs").predict_exposed_ms(tail_sim, my_buckets,
+                                                                     my_first_layer, 2))
+except Exception as exc:                   # noqa: BLE001 - a stub is expected before task 4
+    yours = None
+    print(f"your predict_exposed_ms does not run yet ({type(exc).__name__}): write task 4, then "
+          f"run this cell again to see the measured wait beside your prediction")
+if yours is not None:
+    step_marks = dp["bucketed"][0]["steps"][0]["marks"]
+    print(f"your prediction {yours:.1f} ms exposed; measured wait "
+          f"{step_marks['sync_end'] - step_marks['backward_end']:.1f} ms ({label})")
+
+# %% [markdown]
+# The measured wait is usually a little longer than a good prediction, for the reasons of the
+# naive example; where the overlap condition fails, the queue of earlier buckets adds to it. The
+# grader checks your function on three links and rank counts, and `workbook run dp_overlap`
+# prints your prediction beside the model and the measured exposed time.
 #
 # ## The overlap condition, predicted and measured
 #
@@ -326,41 +374,54 @@ lesson.condition_table(sim, dp["bucketed"], runs / "bucketed", pred_comm, pred_b
 # The lab's `ShardedTrainer` keeps each layer's parameters in one flat buffer padded to a
 # multiple of $n$ elements, so that it splits into $n$ equal slices; rank $r$ owns slice $r$, its
 # *shard*, and Adam holds and steps only the shards (one tensor per layer, a view of this rank's
-# slice). One step, per layer:
+# slice). What must hold in one step, per layer:
 #
-# * **Backward.** The moment a layer's gradients are all accumulated (the same counting hooks as
-#   the buckets), its flat gradient buffer is reduce-scattered without waiting: each rank
-#   receives the *sum* of its own slice over the ranks, straight into the gradient of its shard;
-#   divided by $n$ once, that is the average Adam must read. The sync after the backward pass
-#   waits for every layer's reduce-scatter; stage 2 then frees the layer's full gradient buffer
-#   (the shard's gradient is all the optimizer needs), stage 1 keeps it.
+# * **Backward.** The reduction of a layer's gradients can start the moment the last of them is
+#   accumulated (the same kind of notification as the buckets'), and should, so the rest of the
+#   backward pass hides it. A rank needs only *its* slice of the average, since Adam steps only
+#   its shard: that is exactly what the first half of an all-reduce leaves on each rank. Once
+#   every layer's slice is in, the full gradient buffer is dead weight; stage 2 gives it back,
+#   stage 1 keeps it.
 # * **Optimizer.** Adam updates the shards. Now every layer's full parameters are out of date:
-#   the other ranks' slices changed. An all-gather of the shards into the flat buffer brings a
-#   layer back (its storage allocated again first, where it was freed); nothing may read a layer
-#   before its all-gather has completed.
-# * **Forward, one layer ahead.** Gathering everything at once would expose it all. Instead the
-#   first layer's all-gather starts at the end of the optimizer step (nothing else can hide it),
-#   and a hook before each layer's forward waits for that layer's gather (starting it if it was
-#   not yet under way) and then starts the *next* layer's, which the current layer's compute
-#   hides. A set of out-of-date layers keeps every gather to once per step.
+#   the other ranks' slices changed. The second half of the all-reduce brings a layer's full
+#   parameters back onto every rank, into storage that must exist again where it was freed; and
+#   nothing may read a layer before its gather has *completed*.
+# * **Forward, one layer ahead.** Gathering everything at once, right after the optimizer,
+#   would expose it all; gathering each layer only when it is needed exposes it all too. What
+#   hides a layer's gather is the compute of the layer before it. Every layer is gathered once
+#   per step, no more, whoever asks for it first.
+#
+# **Think it through** before you write task 5:
+#
+# 1. When the forward pass is about to run layer $i$, what must already be true of layer $i$, and
+#    what should you set going for layer $i+1$? What hides the gather of the very first layer?
+# 2. Several places may ask for the same layer's gather (the end of the optimizer step, the
+#    previous layer's prefetch, the layer itself): what state lets each of them know whether a
+#    gather is still needed, already under way, or done?
 #
 # ZeRO-3 keeps only its shard of the parameters between steps, so each layer is gathered before
 # the forward pass uses it, freed, gathered *again* before the backward pass, and its gradients
-# reduce-scattered: 1.5 times DP's bytes. Autograd has no hook "before this layer's backward",
-# but the gradient of a layer's *output* arrives just before it: a tensor hook on the output,
-# registered when the forward pass produced it, marks that moment. There the layer's parameters
-# are gathered again (and waited for), its gradient buffer comes back zeroed for the backward
-# pass to add into, and the gather of the layer before it starts, one layer ahead in backward
-# order. Once the layer's gradients are reduce-scattered, its parameters are freed again. The head, where the backward pass starts, stays in place
-# between its forward and backward pass, which saves its second gather. The cell runs one step of
-# each ZeRO trainer and counts the bytes in the link's log (each op's buffer, and what crosses the
-# wire per rank: the buffer times the bus factor of lesson 2).
+# reduce-scattered: 1.5 times DP's bytes. The backward pass needs the same prefetch as the
+# forward, mirrored: while autograd computes one layer's backward, the next layer it will reach
+# (the one *before* it) should be on its way. The difficulty is the moment: autograd has no hook
+# "before this layer's backward". But a layer's backward starts from the gradient of the layer's
+# *output*, and autograd can call you back when a tensor's gradient is computed; the only time you
+# hold that output tensor is during the forward pass. A freed layer's parameters must be complete
+# again before its backward reads them, and its gradients need a buffer to be accumulated into.
+# The head, where the backward pass starts right after the forward pass ends, is worth keeping in
+# place between its two passes: it saves its second gather. The cell runs one step of each ZeRO
+# trainer and counts the bytes in the link's log (each op's buffer, and what crosses the wire per
+# rank: the buffer times the bus factor of lesson 2).
+#
+# **Think it through** before you write task 6: at which point of the forward pass do you learn
+# *when* layer $i$'s backward will begin, and what has to be done at that moment, for layer $i$
+# and for layer $i-1$?
 
 # %%
 zero_impl, zero_who = lf.whose_code(verdicts, ("zero1", "zero2", "zero3"))
 if zero_impl == "solutions":
     print("Your ShardedTrainer or Zero3 does not run yet: the ZeRO figures show the REFERENCE "
-          "(solutions/dp_overlap.py). Finish tasks 4-5 of the lab and run these cells again.")
+          "(solutions/dp_overlap.py). Finish tasks 5-6 of the lab and run these cells again.")
 zero = {v: on_ranks(lesson.training_step, 2, str(runs / v) if v == "zero3" else None, zero_impl,
                     v, MODEL, BATCH, link=PRESET, timeout=120) for v in ("zero1", "zero2", "zero3")}
 lesson.traffic_table({**dp, **zero})

@@ -113,8 +113,13 @@ for preset in ("dgx-h100", "dgx-h100-ib", "pcie-h100"):
 # * **GPipe** (Huang et al. 2019, [arXiv 1811.06965](https://arxiv.org/abs/1811.06965)): every
 #   forward, then every backward;
 # * **1F1B** (PipeDream-Flush, the schedule Megatron-LM uses, Narayanan et al. 2021,
-#   [arXiv 2104.04473](https://arxiv.org/abs/2104.04473)): stage $s$ runs $p-1-s$ forwards to
-#   fill the pipeline, then alternates one forward and one backward, then drains the backwards.
+#   [arXiv 2104.04473](https://arxiv.org/abs/2104.04473)): each stage runs just enough forwards
+#   to fill the pipeline behind it, then alternates one forward and one backward, then drains the
+#   backwards.
+#
+# **Think it through** before task 2: how many forwards must stage $s$ run before the gradient of
+# its first micro-batch can come back to it (the last stage, the first one)? And what if there are
+# fewer micro-batches than that?
 #
 # Your `gpipe` and `one_f_one_b` (tasks 1 and 2 of the lab) are used below once they give the
 # textbook order; until then the reference's are.
@@ -174,8 +179,8 @@ for p, m in ((2, 8), (4, 4), (4, 8), (4, 32), (8, 8), (8, 64)):
 #
 # If the bubble is the same, why 1F1B? Memory. A stage keeps a micro-batch's activations from its
 # forward until its backward. GPipe runs all $m$ forwards first, so every stage holds all $m$ at
-# its peak. In 1F1B, stage $s$ starts its first backward after $p - s$ forwards and then frees one
-# micro-batch for each new one: at most $p - s$ in flight, whatever $m$.
+# its peak. In 1F1B, a stage starts its first backward once its warm-up is done and then frees one
+# micro-batch for each new one: never more in flight than its warm-up and one, whatever $m$.
 
 # %%
 for kind, name in (("gpipe", "GPipe"), ("1f1b", "1F1B")):
@@ -193,10 +198,10 @@ print(f"1F1B  p={P}, m=64: {peaks}: the bubble shrinks with m, the memory does n
 # ### A schedule that cannot finish
 #
 # Suppose the warm-up is written the wrong way round: stage $s$ runs $s$ forwards before its first
-# backward instead of $p-1-s$. Stage 0 runs `F(0)` and waits for gradient 0, which needs the last
-# stage's `B(0)`, which in this order comes after its warm-up forwards, which need activations
-# that stage 0 sends only after its `B(0)`. Each list looks fine; together they never finish.
-# Because the schedule is data, `check_schedule` finds that on paper, before any rank hangs:
+# backward, the last stage the most. Stage 0 runs `F(0)` and waits for gradient 0, which needs the
+# last stage's `B(0)`, which in this order comes after its warm-up forwards, which need
+# activations that stage 0 sends only after its `B(0)`. Each list looks fine; together they never
+# finish. Because the schedule is data, `check_schedule` finds that on paper, before any rank hangs:
 
 # %%
 def wrong_warmup(p, m, stage):
@@ -257,9 +262,9 @@ except Exception as exc:                              # noqa: BLE001 - the hang 
 # %% [markdown]
 # Both ranks sit in a `send`, and the launcher killed them after the limit (the next cell that
 # needs ranks starts fresh ones). The fix is to post the send and the next receive *together*,
-# then wait for both, as Megatron-LM's `send_forward_recv_backward` does with `isend`/`irecv`. In
-# the lab, `BlockingExecutor.exchange` does this after every action. It is still *blocking*: the
-# stage does nothing while the pair travels.
+# then wait for both, as Megatron-LM's `send_forward_recv_backward` does. The lab's blocking
+# executor must not hang this way; it is still *blocking*: the stage does nothing while its
+# transfers travel.
 #
 # ## 4. What the transfers cost, on paper
 #
@@ -277,9 +282,9 @@ lesson.lanes(lesson.paper_rows(schedules, line, C),
              f"{line.step:g} instead of {simulate(schedules).step:g}")
 
 # %% [markdown]
-# Even with every transfer asynchronous, the step grew by $m \cdot c$, one transfer per
-# micro-batch: one gradient reaches stage 0 while it computes a forward (hidden), the next after
-# it (stage 0 waits). Why?
+# Even with every transfer asynchronous, the step grew, by more than the fill and the drain: one
+# gradient reaches stage 0 while it computes a forward (hidden), the next after it (stage 0
+# waits). Why?
 #
 # In 1F1B, stage 0 may not start `F(j+p)` before `B(j)` is done: that is what limits it to $p$
 # micro-batches in flight. Between the start of `F(j)` and the end of `B(j)` on stage 0 lies a
@@ -325,42 +330,41 @@ for p in (2, 4):
 # ### Predicting your step
 #
 # The lab's last task asks you to predict, *before* you run it, the step of your 1F1B with
-# overlapped p2p on the simulated link, then shows your number beside the model and the
-# measurement. Everything above is in units of one forward; the prediction is in milliseconds and
-# takes two steps.
+# overlapped p2p on the simulated link, in milliseconds; the report then shows your number beside
+# the model and the measurement. Everything above is in units of one forward; a prediction in
+# milliseconds needs two things more.
 #
-# **One transfer.** The link is an alpha-beta model (lesson 3, "The link, and why it is simulated"): one operation
-# costs its latency $\alpha$ plus its bytes times $\beta$, one over the bandwidth. What crosses a
-# boundary is one activation (forward) or its gradient (backward), both $b \times S \times H$
-# elements, so
+# **What one transfer costs.** The link is an alpha-beta model (lesson 3, "The link, and why it is
+# simulated"): one operation costs its latency $\alpha$ plus its bytes times $\beta$, one over the
+# bandwidth. The simulated link is a slowed-down copy of a real one, so on a small message the
+# latency is no rounding error; and the link speaks seconds and bytes, while the compute you
+# measure is in milliseconds.
 #
-# $$ c = \alpha + \frac{b\,S\,H \cdot \text{itemsize}}{\text{bandwidth}} . $$
+# **How the transfers add up.** Section 4 showed it: they do not simply add. Which ones cost time
+# depends on the schedule, on whether a stage has something else to compute while a tensor travels.
+# The paper model above plays exactly that, stage by stage.
 #
-# Three classic slips: leaving $\alpha$ out (on the simulated link, a slowed-down copy of a real
-# one, the latency is a large part of a small transfer); counting elements instead of bytes; and
-# mixing seconds (the link's units) with milliseconds (the compute's).
-#
-# **The step.** With $t_f$, $t_b$ and $c$, play every stage's 1F1B actions on paper, exactly the
-# rules of `simulate` above: each action as soon as its stage is free and its input has arrived,
-# $c$ after the action that made it ended. Writing it out is worth doing once for two stages.
-# Without transfers the step is the textbook $(m + p - 1)(t_f + t_b)$; the round trip then adds,
-# on two stages, one transfer per micro-batch (two per pair of micro-batches, so $2\lceil m/2
-# \rceil$ in all):
-#
-# $$ T_{p=2} = (m + 1)(t_f + t_b) + 2 \left\lceil \tfrac{m}{2} \right\rceil c . $$
-#
-# On more stages the count of transfers on the critical path depends on how the round trips fall
-# (about $2(p-1)/p$ per micro-batch, plus the fill and the drain): there, playing your schedule is
-# the honest derivation. Neither the textbook step (no transfer at all) nor GPipe's $2(p-1)\,c$
-# (as if the steady state hid everything) is 1F1B's. The cell checks the two-stage form against
-# `simulate`, for a few $m$ and transfer costs in forwards:
+# A worked example, for a *different* figure: the step of **GPipe** with asynchronous transfers.
+# Take $p = 2$ stages, $m = 8$ micro-batches, a forward of 4 ms and a backward of 8 ms per stage,
+# and a message of 1 MiB on a link of $\alpha = 2$ ms and 1 GB/s. One transfer costs
+# $c = 2 + 1.048576 \cdot 10^6 / 10^9 \cdot 10^3 \approx 3.05$ ms. GPipe's forwards stream
+# down without waiting for any backward, so only the fill and the drain pay:
+# $(m + p - 1)(t_f + t_b) + 2(p-1)\,c = 9 \cdot 12 + 2 \cdot 3.05 \approx 114.1$ ms. The cell
+# checks the arithmetic against the paper model.
 
 # %%
-for m in (2, 4, 7, 8):
-    for c in (0.25, 1.0, 4.0):
-        on_paper = simulate(stages_of("1f1b", 2, m), 1.0, 2.0, c).step
-        closed = (m + 1) * 3.0 + 2 * -(-m // 2) * c
-        print(f"p=2, m={m}, c={c:4}: simulate {on_paper:6.2f}, closed form {closed:6.2f}")
+alpha_s, bandwidth_Bps, message_bytes = 2e-3, 1e9, 2 ** 20
+c_ms = 1e3 * (alpha_s + message_bytes / bandwidth_Bps)
+by_hand = (8 + 2 - 1) * (4.0 + 8.0) + 2 * (2 - 1) * c_ms
+played = lesson.on_paper(SCHEDULES, "GPipe, overlapped", 2, 8, 4.0, 8.0, c_ms).step
+print(f"GPipe, p=2, m=8: one transfer {c_ms:.2f} ms; step by hand {by_hand:.1f} ms, "
+      f"on paper {played:.1f} ms")
+
+# %% [markdown]
+# **Think it through** before you write `predict_step_ms`: what crosses a stage boundary (section
+# 1), and how many *bytes* is it for the shape and itemsize you are given? And in 1F1B, which
+# transfers can a stage not hide (section 4, the round trip)? Your answer must hold for any number
+# of stages and micro-batches, not just the two stages drawn above.
 
 # %% [markdown]
 # ### The blocking executor on paper
@@ -400,11 +404,16 @@ lesson.paper_explorer(SCHEDULES)
 # runs a stage's actions inside `record_function` ranges named after the phase (`warmup`,
 # `steady`, `cooldown`) and the action (`F3`):
 #
-# * `BlockingExecutor` (task 3): after each action, `exchange` posts the send of its output and
-#   the receive of the next action's input together, and waits for both;
-# * `OverlappedExecutor` (task 4): at the start of each action it posts the receive the *next*
-#   action needs (`prefetch`), so data travels while this action computes; each send is an
-#   `isend` left in flight until `finish`.
+# * `BlockingExecutor` (task 3): the stage never computes while one of its transfers travels,
+#   and never hangs the way section 3's two blocking sends did;
+# * `OverlappedExecutor` (task 4): a tensor travels while the stage computes something else, and
+#   the stage waits only when it needs a tensor that has not arrived yet.
+#
+# **Think it through** before you write them: for action $k$'s input to travel during action
+# $k-1$, when must its receive have been posted, and what happens to the very first action? A
+# send no longer waited for at once: what must stay untouched while it is in flight, and when may
+# the step end? And with two receives from the same peer posted at once, which one gets which
+# message (gloo matches them in the order they were posted)?
 #
 # First a check of your executors (one 1F1B step, tiny model, fp64, against one device); what
 # follows uses yours where it passes and the reference where it does not.
@@ -446,8 +455,7 @@ print(f"{label}\nexecutors: blocking {WHO['blocking']}, overlapped {WHO['overlap
 # this link. Then where each stage's time went.
 
 # %%
-NBYTES = int(np.prod(activation_shape(cfg, ROWS))) * 4
-C_MS = sim.op_time("send", NBYTES, 2) * 1e3          # one transfer on the calibrated link
+NBYTES, C_MS = lesson.transfer_ms(sim, activation_shape(cfg, ROWS))  # one transfer, this link
 stats = lesson.variant_stats(measured)
 print(f"measured costs: forward {np.mean([s['t_f'] for s in stats.values()]):.0f} ms, backward "
       f"{np.mean([s['t_b'] for s in stats.values()]):.0f} ms per stage and micro-batch; one "
@@ -498,10 +506,8 @@ trace.timeline_figure(run, title=f"1F1B, overlapped ({WHO['overlapped']} executo
 # the measured costs.
 
 # %%
-own = stats["1F1B, overlapped"]
-paper_line = simulate(stages_of("1f1b", STAGES, MICRO), own["t_f"], own["t_b"], C_MS)
-lesson.hidden_table(runs, TAKE, lesson.paper_hidden(stages_of("1f1b", STAGES, MICRO), paper_line,
-                                                    C_MS))
+lesson.hidden_table(runs, TAKE, lesson.paper_share_measured(
+    stages_of("1f1b", STAGES, MICRO), stats["1F1B, overlapped"], C_MS))
 
 # %% [markdown]
 # The blocking executor hides next to nothing. The overlapped one hides a share, rarely all that

@@ -167,7 +167,7 @@ lesson.mask_grid(drawn, 4, block_pairs, f"the blocks each rank computes at each 
 # Step 0 is the diagonal: each rank starts on its own K/V. In the contiguous split (top), from
 # step 1 on rank 0 computes nothing (every block that reaches it is in its future), while the last
 # rank computes a full block at every step. In the zig-zag split (bottom) every rank has the same
-# work at every step: two diagonal blocks and one full one at step 0, two full blocks after.
+# work at every step; count its blocks, at step 0 and after, and keep the count for later.
 #
 # `Layout.causal_work()` counts the score entries a rank's queries need. Below, for $S = 4096$ on
 # 4 ranks: the total per rank, and the work per rank and ring step in full $(S/n) \times (S/n)$
@@ -201,6 +201,12 @@ lesson.work_figure({"contiguous": contiguous_layout(4096, 4), "zig-zag": zigzag_
 # rides the ring one step behind its K/V block, each rank adding its share, and one last hop
 # brings each sum home. So the backward pass moves $(2n-1)\,b_\text{hop}$ per rank, and the very
 # last dK/dV hop has no compute left behind which to hide.
+#
+# **Think it through** before tasks 4 and 5: a step's blocks each belong to some of the rank's
+# query rows; how does a block's result join what earlier steps computed for those rows, and when
+# does a row's output become final? What would waiting for the incoming block *before* the step's
+# attention cost? In the backward pass, when a dK/dV buffer reaches a rank, whose block's gradient
+# is it, what must the rank add before passing it on, and which buffer is its own at the end?
 #
 # **The overlap condition.** With $c = S/n$ positions per rank, a step's attention on one full
 # block costs $4 B h c^2 d$ FLOPs, or a share $k$ of it under the causal mask ($k = \tfrac12$ for
@@ -236,28 +242,37 @@ lesson.hop_explorer()
 # The ratio above asks *whether* a hop hides. The lab's last task asks *how much* of the forward
 # pass's exchange stays exposed on your own ring, on the simulated link, before you run it (the
 # link is handed to you calibrated: its latency $\alpha$, its bandwidth $1/\beta$ and the compute
-# rate $F$ that a block's attention runs at). Three things decide it.
+# rate $F$ that a block's attention runs at).
 #
-# * **What a hop carries and costs.** One buffer of K *and* V of a rank's $S/n$ positions,
-#   $b_\text{hop} = 2 B h \frac{S}{n} d\, e$ bytes, where $e$ is the bytes per element of the
-#   dtype (4 in fp32, 2 in bf16). Its send and its receive travel at once on the full-duplex link,
-#   so a hop takes $t_\text{hop} = \alpha + b_\text{hop}\,\beta$.
-# * **What a step computes.** In units of one *chunk-sized* block, $L \times L$ with $L = S/2n$
-#   on the zig-zag split, worth $4 B h L^2 d$ FLOPs ($QK^\top$ and $PV$): read it off the mask
-#   grid above. At step 0 a rank computes its two diagonal blocks and one full one; at every later
-#   step two full blocks, which is *half* of one $(S/n) \times (S/n)$ block: the zig-zag split
-#   halves the causal work of a step. The given `block_forward` computes a diagonal block whole
-#   and then masks it, so for the time on the clock a diagonal block counts as a whole one.
-# * **What shows.** Hop $t$ is posted before step $t$'s attention and waited for after it, so it
-#   shows only for what outlasts that attention, $\max(0,\; t_\text{hop} - t_\text{step}(t))$.
-#   Only the first $n-1$ steps have a hop behind them: the last step holds the last block and
-#   sends nothing. The forward pass's exposed exchange is the sum over those hops.
+# **Exposed** is the part of a transfer that no compute covers: a hop in flight behind some
+# attention costs the rank nothing until it outlasts that attention, and from then on every
+# moment of it is waiting. A prediction therefore weighs, hop by hop, the transfer's time on the
+# alpha-beta link (lesson 3: $\alpha$ plus bytes times $\beta$, in seconds and bytes) against the
+# compute it travels behind (FLOPs over $F$), and keeps only what sticks out.
 #
-# The classic slips are each worth a factor: counting only K (half the bytes), a step as a full
-# $(S/n)^2$ block (twice the compute away from the diagonal), elements for bytes, a forgotten
-# $\alpha$, a hop at the last step, or the send and the receive added up. The grader names the one
-# your number matches. After the traced run below, the lesson prints your prediction beside the
-# model and the measurement.
+# A worked example, for a *different* figure: ring attention **without** a causal mask (an
+# encoder), where every step computes one full $(S/n) \times (S/n)$ block. Take $n = 4$ ranks,
+# $S = 4096$, $B = 1$, $h = 8$, $d = 64$ in bf16 ($e = 2$), over a PCIe-like link of
+# $\alpha = 20\,\mu$s and 25 GB/s, at $F = 100$ TFLOP/s. A hop carries K and V of 1024
+# positions, $2 \cdot 8 \cdot 1024 \cdot 64 \cdot 2$ bytes = 2 MiB, in
+# $20 + 83.9 = 103.9\,\mu$s; a full block is $4 \cdot 8 \cdot 1024^2 \cdot 64$ FLOPs, 21.5 $\mu$s.
+# Each hop sticks out by about 82 $\mu$s, and the three hops of the forward pass leave about
+# 0.25 ms exposed.
+
+# %%
+n, S, B, h, d, e = 4, 4096, 1, 8, 64, 2
+alpha_s, bandwidth_Bps, flops = 20e-6, 25e9, 100e12
+hop_s = alpha_s + 2 * B * h * (S // n) * d * e / bandwidth_Bps
+full_block_s = 4 * B * h * (S // n) ** 2 * d / flops
+print(f"no mask, n={n}: hop {hop_s * 1e6:.1f} us, full block {full_block_s * 1e6:.1f} us, "
+      f"exposed forward {(n - 1) * max(0.0, hop_s - full_block_s) * 1e3:.3f} ms")
+
+# %% [markdown]
+# **Think it through** before you write `predict_forward_exposed_ms`: on the zig-zag split, how
+# much attention does a rank compute at each ring step (read the mask grid above; is step 0 like
+# the others?), and what does the given `block_forward` spend on a diagonal block? Which steps
+# have a hop travelling behind them? After the traced run below, the lesson prints your prediction
+# beside the model and the measurement.
 #
 # ## Your ring, on your ranks
 #
@@ -359,8 +374,8 @@ lesson.ring_timeline(main, "contiguous", f"{WHO} ring attention, contiguous spli
 #
 # The attention grows like $c^2$, the hop like $c$. The sweep runs the zig-zag step for five
 # sequence lengths (the link recalibrated before each: the GFLOP/s column). Left, the forward hop
-# over the compute behind it: by the FLOP model (step 0's three blocks, $3 \cdot 4 B h L^2 d$ FLOPs
-# with $L = S/4$, at the calibrated rate), and measured (the time in `block_forward` between
+# over the compute behind it: by the FLOP model (the blocks step 0 computes, at the calibrated
+# rate), and measured (the time in `block_forward` between
 # posting the hop and waiting for it). Right, the share of each pass's link time hidden.
 
 # %%
@@ -379,7 +394,7 @@ lesson.sweep_figure(rows, f"{WHO} ring attention, a sweep of S — "
 # ratio lies well *below* the FLOP model, as the CPU's attention also spends time on exponentials,
 # the mask and memory traffic: the model errs on the side of caution, as the appendix's ratios do.
 # Its crossing lies near 3000 positions per rank, not 880: fp32, a hop behind the diagonal step
-# (three quarters of a full block), and a latency worth a quarter of a small hop.
+# (less than a full block), and a latency worth a quarter of a small hop.
 #
 # ## Exercise: the `cp_ring` lab
 #

@@ -157,8 +157,8 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     v = (rank - src) % n                                  # my position in the tree, root = 0
     ### BEGIN SOLUTION
     ### hint 1: the holders double every round, and a position decides its part from its own
-    ###     number and the round's distance alone; lesson 1, "Trees: ⌈log2 n⌉ rounds" (the
-    ###     six-rank table)
+    ###     number and the round's distance alone; lesson 1, "Trees: ⌈log2 n⌉ rounds" (draw
+    ###     the six-rank tree its "Think it through" asks for)
     ### hint 2: loop over distances 1, 2, 4, ... while below n; in each round a position below
     ###     the distance sends to the position one distance above (if that is below n), a
     ###     position from the distance up to twice it receives from one distance below, every
@@ -220,8 +220,8 @@ def tree_reduce(tensor: torch.Tensor, dst: int = 0, op=SUM) -> torch.Tensor:
     v = (rank - dst) % n                                  # my position in the tree, root = 0
     ### BEGIN SOLUTION
     ### hint 1: partial results flow towards the root, smallest distance first, and a position
-    ###     that has sent its partial result is done; lesson 1, "Trees: ⌈log2 n⌉ rounds" (the
-    ###     reduce table)
+    ###     that has sent its partial result is done; lesson 1, "Trees: ⌈log2 n⌉ rounds" (draw
+    ###     the six-rank reduce tree its "Think it through" asks for)
     ### hint 2: accumulate into a buffer of your own (the root: its tensor; the others: a
     ###     copy), with a scratch buffer to receive into; loop over distances 1, 2, 4, ... while
     ###     below n: an odd multiple of the distance sends its partial result one distance down

@@ -252,7 +252,8 @@ def predict_forward_exposed_ms(lk, n: int, seq_len: int, batch: int, heads: int,
     ###     keys and values of the rank's positions at the dtype's size; a step's compute is its
     ###     number of chunk-sized blocks (diagonal ones count whole) times one block's FLOPs over
     ###     the compute rate; the zig-zag split computes three blocks at the first step and two at
-    ###     each later one; the last step sends nothing
+    ###     each later one; the last step sends nothing; a hop's send and receive travel at once
+    ###     on the full-duplex link, so a hop costs one transfer, not two
     ### hint 3: L = S / 2n; hop_s = lk.latency_s + 2*B*h*(S/n)*d*dtype.itemsize / lk.bandwidth_Bps;
     ###     block_s = 4*B*h*L*L*d / lk.local_flops; sum over steps t < n - 1 of
     ###     max(0, hop_s - (3 if t == 0 else 2) * block_s), in ms

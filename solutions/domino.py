@@ -421,7 +421,8 @@ def predict_exposed_ms(link, model: dict, batch: int, p: int, ranks: int,
     ### BEGIN SOLUTION
     ### hint 1: an all-reduce is exposed when nothing computes between its start and its wait;
     ###     lesson 6, "The backward pass: steering autograd" counts the units between them in
-    ###     each pass, and "Predict before you run" prices one chunk's all-reduce.
+    ###     each pass, and "Predict before you run" prices one (vanilla) all-reduce: a chunk's
+    ###     is priced the same way, with the chunk's share of the message.
     ### hint 2: price one chunk's all-reduce (latency, plus the chunk's fp32 activations times
     ###     the ring's bus factor over the bandwidth); then count the all-reduces with no compute
     ###     left to hide behind: with inter-layer overlap only the very last one of the backward

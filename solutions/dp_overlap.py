@@ -141,8 +141,9 @@ class BucketedDP(Trainer):
         """One more gradient of the given bucket is accumulated. Start the averaging of every
         bucket that is now complete and whose turn it is, in bucket order, without waiting."""
         ### BEGIN SOLUTION
-        ### hint 1: a bucket is complete when none of its gradients is missing; it may go out only
-        ###     after every bucket before it (lesson 9, "Building the buckets")
+        ### hint 1: a bucket is complete when none of its gradients is missing (zero_grad sets the
+        ###     count); it may go out only after every bucket before it, so one completion may
+        ###     release several waiting buckets (lesson 9, "Building the buckets")
         ### hint 2: count this gradient off bucket i; then, as long as the next bucket due is
         ###     complete: scale its flat gradient to the mean, start its all-reduce without waiting,
         ###     keep the handle, move to the next bucket
@@ -195,9 +196,10 @@ def predict_exposed_ms(link, buckets: list[list[nn.Parameter]], first_layer: lis
     ### hint 1: the first layer's gradients are the last the backward pass makes, so every bucket
     ###     holding one of them starts after all compute; each costs one all-reduce on the link
     ###     (lesson 9, "Predict the exposed tail")
-    ### hint 2: find the buckets that hold a first-layer parameter; for each, its bytes; an
-    ###     all-reduce of S bytes on n ranks moves 2(n-1)/n S bus bytes and pays the latency once;
-    ###     add those times, in ms
+    ### hint 2: find the buckets that hold a first-layer parameter (every one of them, not only
+    ###     the last); for each, the bytes of the whole bucket (its all-reduce carries all of it);
+    ###     an all-reduce of S bytes on n ranks moves 2(n-1)/n S bus bytes (not S, not 2 S) and
+    ###     pays the latency once; add those times; the other buckets hide; return ms, not s
     ### hint 3: first = {id(p) for p in first_layer}; for each bucket with any(id(p) in first ...):
     ###     S = sum(p.numel() * p.element_size()); t += link.latency_s + 2 * (n - 1) / n * S /
     ###     link.bandwidth_Bps; return 1e3 * t
@@ -346,7 +348,8 @@ class ShardedTrainer(Trainer):
         layer's must be on their way while it computes."""
         ### BEGIN SOLUTION
         ### hint 1: prefetch one layer ahead: the gather of the next layer hides behind this layer's
-        ###     compute (lesson 9, "ZeRO-3: gather one layer ahead")
+        ###     compute; start_gather does nothing for a layer already current or under way, so
+        ###     asking twice costs nothing (lesson 9, "The ZeRO step, layer by layer")
         ### hint 2: make sure this layer's gather has started and wait for it; then start the next
         ###     layer's
         ### hint 3: self.start_gather(i); self.wait_gather(i); self.start_gather(i + 1)

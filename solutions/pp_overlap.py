@@ -291,7 +291,7 @@ def predict_step_ms(link, p: int, m: int, shape: tuple, itemsize: int, t_fwd_ms:
     it beside the model and the measured step."""
     ### BEGIN SOLUTION
     ### hint 1: two parts: the time of one transfer on the alpha-beta link, then the step of your schedule played on paper with it (lesson 10, section 4, "Predicting your step").
-    ### hint 2: one transfer costs the link's latency plus the activation's bytes over its bandwidth (in ms); then play every stage's 1F1B actions with the forward, backward and transfer times, as the paper model of section 4 does, and read the step (or use the closed form the lesson derives for two stages).
+    ### hint 2: one transfer costs the link's latency plus the bytes of one activation (rows x seq x hidden elements of itemsize bytes) over its bandwidth, converted from seconds to ms (mind all three: the latency, bytes not elements, the units); then play every stage's 1F1B actions with the forward, backward and transfer times as the paper model of section 4 (simulate) does, and read the step; on two stages only, the play gives the closed form (m + 1)(t_f + t_b) + 2 ceil(m/2) c.
     ### hint 3: c_ms = 1e3 * (link.latency_s + rows * seq * hidden * itemsize / link.bandwidth_Bps); return simulate(all_stages(one_f_one_b, p, m), t_fwd_ms, t_bwd_ms, c_ms).step
     rows, seq, hidden = shape
     c_ms = 1e3 * (link.latency_s + rows * seq * hidden * itemsize / link.bandwidth_Bps)

@@ -467,8 +467,8 @@ def prediction_table(results: list, mine, sim, S: int, B: int = 1, h: int = 4,
                      d: int = 64) -> None:
     """The lab's prediction task at the traced step's shape (zig-zag, fp32, the link ``sim`` as
     the ranks calibrated it): your ``predict_forward_exposed_ms`` (``-`` until it is written),
-    the model's value, and the forward pass's exposed exchange in the trace (the slower rank,
-    skew excused)."""
+    the model's value (only once your prediction exists: before, it would be the answer), and
+    the forward pass's exposed exchange in the trace (the slower rank, skew excused)."""
     from workbook.context_parallel.cp_ring_report import PREDICTED, forward_exposed_model_ms
     from workbook.grading.predictions import comparison_lines
     n = len(results)
@@ -476,11 +476,15 @@ def prediction_table(results: list, mine, sim, S: int, B: int = 1, h: int = 4,
         predicted = float(mine.predict_forward_exposed_ms(sim, n, S, B, h, d, torch.float32))
     except Exception:                               # noqa: BLE001 - not written yet: "-"
         predicted = None
-    model = forward_exposed_model_ms(sim, n, S, B, h, d, 4)
+    # the model's value only beside a prediction of your own: before it, it would be the answer
+    model = None if predicted is None else forward_exposed_model_ms(sim, n, S, B, h, d, 4)
     measured = max(max(0.0, o["exposed_ms"] - o["skew_ms"])
                    for o in (res["splits"]["zigzag"]["hidden"]["forward"] for res in results))
     for line in comparison_lines([(PREDICTED, predicted, model, measured)]):
         print(line)
+    if predicted is None:
+        print("  (write predict_forward_exposed_ms first: the model's value is shown beside "
+              "your prediction, not before it)")
 
 
 def sweep_rows(sweep: list, preset: str, ranks: int, B: int = 1, h: int = 4,

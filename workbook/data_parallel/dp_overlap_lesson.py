@@ -292,8 +292,7 @@ def condition_table(sim, res, run_dir, pred_comm: float, pred_backward: float,
         print(f"{name:24s}{comm:9.0f}{bwd:13.0f}{comm / bwd:7.2f}")
     print(f"measured: {meas.overlap_pct:.0f}% of the link time hidden "
           f"({meas.overlap_pct_ex_skew:.0f}% counting the {meas.skew_us / 1e3:.0f} ms of skew as "
-          f"hidden), {meas.exposed_comm_us / 1e3:.0f} ms exposed; the model of the sweep predicts "
-          f"{predict_exposed(res[0]['buckets'], backward, sim):.0f} ms exposed")
+          f"hidden), {meas.exposed_comm_us / 1e3:.0f} ms exposed")
 
 
 def traffic_table(results: dict, n: int = 2) -> None:

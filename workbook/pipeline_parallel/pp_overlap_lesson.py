@@ -11,9 +11,11 @@ steps it measures on ranks, and the figures and tables it draws from them.
   steps of each variant, traced into ``folder(variant, take)``, with each action's span, each
   wait and the link's log) and ``measure_variants`` (which runs it, falling back to the
   reference, and keeps the faster take).
-* From the measurement: ``variant_stats`` / ``stats_table`` (step, compute, waiting, bubble,
-  beside the paper), ``time_split_figure``, ``measured_panel`` (a variant's timeline, picked with
-  a widget) and ``hidden_table`` (the hidden share the trace finds).
+* From the measurement: ``transfer_ms`` (one boundary tensor on the calibrated link),
+  ``paper_share_measured`` (``paper_hidden`` of 1F1B with the measured costs), ``variant_stats`` /
+  ``stats_table`` (step, compute, waiting, bubble, beside the paper), ``time_split_figure``,
+  ``measured_panel`` (a variant's timeline, picked with a widget) and ``hidden_table`` (the
+  hidden share the trace finds).
 
 The shared bars, verdicts and the link's log are ``workbook.measure.lesson_figures``.
 """
@@ -417,6 +419,19 @@ def measured_panel(measured: list, stats: dict, who: dict, label: str, c_ms: flo
                      xtitle="ms since the first rank began the step")
     pick = W.Dropdown(options=list(stats), value="1F1B, overlapped", description="variant")
     return lf.live_figure(draw, {"name": pick}, [["name"]])
+
+
+def transfer_ms(sim, shape, itemsize: int = 4) -> tuple[int, float]:
+    """One boundary tensor of ``shape`` on the link ``sim``: its bytes and its time in ms (the
+    lab's prediction task computes this itself; here it only feeds the measured tables)."""
+    nbytes = int(np.prod(shape)) * itemsize
+    return nbytes, sim.op_time("send", nbytes, 2) * 1e3
+
+
+def paper_share_measured(schedules, own: dict, c_ms: float) -> list:
+    """``paper_hidden`` of ``schedules`` played with a variant's measured forward and backward
+    (``own``, one row of ``variant_stats``) and the modelled transfer ``c_ms``."""
+    return paper_hidden(schedules, simulate(schedules, own["t_f"], own["t_b"], c_ms), c_ms)
 
 
 def hidden_table(run_dir, take: dict, paper_share: list) -> None:
