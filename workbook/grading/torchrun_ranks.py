@@ -84,8 +84,13 @@ class JobRanks:
                 dist.destroy_process_group()
             self.generation += 1
             self.links.clear()
-            self._init()
-            raise _reraise(_primary(errors), self.world)
+            primary = _reraise(_primary(errors), self.world)
+            try:
+                self._init()                   # a fresh group for the next check
+            except Exception as exc:           # noqa: BLE001 - never hides the job's own error
+                primary.add_note(f"(the job's process group could not be rebuilt after it: "
+                                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]})")
+            raise primary
         return [o[1] for o in outcomes]
 
     # -- leaving
