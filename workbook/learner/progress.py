@@ -124,7 +124,7 @@ def progress_lines(impl: str | None = None) -> list[str]:
         else:
             where = "next: see the self-check's failures"
         opened = progress.data["hints"].get(lab, {})
-        hints = (f"; hints opened: " + ", ".join(
+        hints = ("; hints opened: " + ", ".join(
             f"task {titles.index(t) + 1 if t in titles else '?'} ({n} of 3)"
             for t, n in sorted(opened.items(), key=lambda kv: titles.index(kv[0])
                                if kv[0] in titles else 99))) if opened else ""
