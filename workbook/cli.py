@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from workbook.grading.labs import LABS, impl_dir, repo_root   # stdlib only: no torch, no pytest
+from workbook.runtime.child_process import course_env
 
 
 def cmd_doctor(args) -> int:
@@ -127,8 +128,7 @@ def cmd_grade(args) -> int:
     if args.gradescope:
         cmd += ["--gradescope", args.gradescope]
     impl_dir(args.impl)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(repo_root())] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    env = course_env(repo_root())
     if args.max_ranks is not None:
         env["WORKBOOK_MAX_RANKS"] = str(args.max_ranks)
     return subprocess.call(cmd + args.pytest_args, cwd=repo_root(), env=env)

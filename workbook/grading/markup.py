@@ -18,7 +18,8 @@ A rung goes on over the lines below it that start with ``###`` and at least four
     class BucketedDP(Trainer): ...
     ### END CHALLENGE
 
-Reading is all this module does: no torch, no pytest.
+A generated lab names its level on its first line (``level_of``). Reading is all this module
+does: no torch, no pytest.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ RUNG = re.compile(r"^\s*### hint (?P<k>\d):\s*(?P<text>.*)$")
 MORE = re.compile(r"^\s*###\s{4,}(?P<text>\S.*)$")
 CHALLENGE = re.compile(r"^(?P<indent>\s*)### BEGIN CHALLENGE:?\s*(?P<title>.*)$")
 CHALLENGE_END = re.compile(r"^\s*### END CHALLENGE\s*$")
+LEVEL_OF = re.compile(r"^# Generated from solutions/\S+ by `workbook assign` \(level: (\w+)\)")
 DEF = re.compile(r"^(?P<indent>\s*)(?:async\s+)?(?:def|class)\s+(?P<name>\w+)")
 RUNGS = 3
 
@@ -57,6 +59,13 @@ class Region:
     end: int
     indent: str
     title: str
+
+
+def level_of(lab_text: str) -> str | None:
+    """The level a generated lab says it was made at, on its first line (None: not a generated
+    lab, or one older than the levels)."""
+    m = LEVEL_OF.match(lab_text)
+    return m[1] if m else None
 
 
 def enclosing(lines: list[str], index: int, indent: int) -> str:

@@ -28,7 +28,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbook.grading.markup import BEGIN, AssignError, Block, Region, parse  # noqa: F401
+from workbook.grading.markup import BEGIN, AssignError, Block, Region, level_of, parse  # noqa: F401
 from workbook.grading.points import Graded, graded_tests  # noqa: F401 (the assign API)
 
 LEVELS = ("guided", "standard", "challenge")
@@ -40,15 +40,8 @@ HEADER = ("# Generated from solutions/{name} by `workbook assign` (level: {level
           "{lab}`\n"
           "# (or `workbook watch {lab}`). Stuck on task N? `workbook hint {lab} N`, one hint at a "
           "time.\n")
-LEVEL_OF = re.compile(r"^# Generated from solutions/\S+ by `workbook assign` \(level: (\w+)\)")
 WIDTH = 99                                   # generated comment lines are wrapped to this width
 MIN_CHALLENGE_LINES = 20
-
-
-def level_of(lab_text: str) -> str | None:
-    """The level a generated lab was made at (None: not a generated lab, or an older one)."""
-    m = LEVEL_OF.match(lab_text)
-    return m[1] if m else None
 
 
 def _check_level(level: str) -> None:
@@ -68,6 +61,7 @@ class Task:
     covers: list[str] = field(default_factory=list)     # the top-level names it stands for
     blocks: list[Block] = field(default_factory=list)   # its blocks, for the hints
     region: str = ""                                    # a challenge region's title
+    region_line: int = -1                               # its BEGIN CHALLENGE line (from 0)
     learner_lines: int = 0                              # code lines the learner writes
 
     def title(self) -> str:
@@ -107,7 +101,8 @@ def tasks_of(tree: ast.Module, blocks: list[Block], regions: list[Region], level
         for r in regions:
             inside = [n.name for n in tops if r.begin < n.lineno - 1 < r.end]
             tasks[f"region:{r.begin}"] = Task(inside[0] if inside else r.title, "",
-                                              covers=inside, region=r.title or ", ".join(inside))
+                                              covers=inside, region=r.title or ", ".join(inside),
+                                              region_line=r.begin)
     for b in blocks:
         line = b.begin + 1
         top = next((n for n in tops if n.lineno <= line <= n.end_lineno), None)
@@ -213,8 +208,8 @@ def _functions_in(nodes, region: Region):
             yield from _functions_in(n.body, region)
 
 
-def challenge_bodies(src: list[str], tree: ast.Module, regions: list[Region],
-                     lab: str, filename: str) -> dict[int, tuple[int, str, str, Region]]:
+def challenge_bodies(src: list[str], tree: ast.Module, regions: list[Region]
+                     ) -> dict[int, tuple[int, str, str, Region]]:
     """``{first body line: (last body line, indent, dotted name, region)}`` (lines from 0) of
     every function a challenge region hands to the learner: its body after the docstring."""
     bodies = {}
@@ -274,7 +269,7 @@ def make_lab(text: str, lab: str, filename: str, graded: dict[str, Graded] | Non
     except SyntaxError as exc:
         raise AssignError(f"{filename}:{exc.lineno}: not valid Python ({exc.msg})") from None
     src = text.splitlines()
-    bodies = challenge_bodies(src, tree, regions, lab, filename) if level == "challenge" else {}
+    bodies = challenge_bodies(src, tree, regions) if level == "challenge" else {}
     by_line = {b.begin: b for b in blocks}
     markers = {r.begin: r for r in regions} | {r.end: None for r in regions}
     learner = {r.begin: 0 for r in regions}
@@ -315,9 +310,8 @@ def make_lab(text: str, lab: str, filename: str, graded: dict[str, Graded] | Non
                                   f"{region.title!r} leaves {learner[region.begin]} lines to the "
                                   f"learner; a challenge is at least {MIN_CHALLENGE_LINES}")
     tasks = tasks_of(tree, blocks, regions, level)
-    starts = {r.title or "": r.begin for r in regions}
     for t in tasks:
-        t.learner_lines = learner[starts[t.region]] if t.region else \
+        t.learner_lines = learner[t.region_line] if t.region else \
             sum(_learner_lines(b.code) for b in t.blocks)
     scored = bool(graded) and any(g.tasks for g in graded.values())
     if scored:
@@ -357,11 +351,16 @@ def make_labs(solutions: Path, tests: Path | None = None, level: str = DEFAULT_L
     return result
 
 
-def hints_of(solutions: Path, tests: Path | None = None) -> dict:
-    """``labs/hints.json``: per lab and level, the task list with each task's three rungs."""
+def every_level(solutions: Path, tests: Path | None = None) -> dict[str, dict[str, Lab | str]]:
+    """``{level: make_labs(...)}``: the labs at each level, made once for everything below."""
+    return {level: make_labs(solutions, tests, level) for level in LEVELS}
+
+
+def hints_of(made: dict[str, dict[str, Lab | str]]) -> dict:
+    """``labs/hints.json`` from ``every_level``: per lab and level, each task's three rungs."""
     table: dict[str, dict] = {}
-    for level in LEVELS:
-        for rel, lab in make_labs(solutions, tests, level).items():
+    for level, labs in made.items():
+        for rel, lab in labs.items():
             if isinstance(lab, Lab):
                 table.setdefault(Path(rel).stem, {})[level] = [
                     {"title": t.title(), "names": t.covers, "points": t.points,
@@ -369,12 +368,13 @@ def hints_of(solutions: Path, tests: Path | None = None) -> dict:
     return table
 
 
-def expected_labs(solutions: Path, tests: Path | None = None,
-                  level: str = DEFAULT_LEVEL) -> dict[str, str]:
-    """``{relative path: text}`` of everything ``generate`` writes into ``labs/`` at ``level``."""
-    result = {rel: (lab.text if isinstance(lab, Lab) else lab)
-              for rel, lab in make_labs(solutions, tests, level).items()}
-    result[HINTS_FILE] = json.dumps(hints_of(solutions, tests), indent=1, sort_keys=True) + "\n"
+def expected_labs(solutions: Path, tests: Path | None = None, level: str = DEFAULT_LEVEL,
+                  made: dict | None = None) -> dict[str, str]:
+    """``{relative path: text}`` of everything ``generate`` writes into ``labs/`` at ``level``
+    (``made``: ``every_level``'s result, when the caller has it already)."""
+    made = every_level(solutions, tests) if made is None else made
+    result = {rel: (lab.text if isinstance(lab, Lab) else lab) for rel, lab in made[level].items()}
+    result[HINTS_FILE] = json.dumps(hints_of(made), indent=1, sort_keys=True) + "\n"
     return result
 
 
@@ -385,8 +385,8 @@ def generate(solutions: Path, labs: Path, level: str = DEFAULT_LEVEL, force: boo
     A lab file made at another level is replaced only when it is unedited (it equals what its own
     level makes) or with ``force``; otherwise nothing is written and ``AssignError`` names the
     files whose edits would be lost."""
-    expected = expected_labs(solutions, level=level)
-    at_level: dict[str, dict[str, str]] = {}
+    made = every_level(solutions)
+    expected = expected_labs(solutions, level=level, made=made)
     edited = []
     for rel, text in expected.items():
         target = labs / rel
@@ -396,9 +396,8 @@ def generate(solutions: Path, labs: Path, level: str = DEFAULT_LEVEL, force: boo
         was = level_of(old)
         if was is None or was == level or old == text:
             continue
-        if was not in at_level:
-            at_level[was] = expected_labs(solutions, level=was) if was in LEVELS else {}
-        if at_level[was].get(rel) != old:
+        unedited = made[was].get(rel) if was in made else None
+        if getattr(unedited, "text", unedited) != old:
             edited.append(str(target))
     if edited:
         raise AssignError(f"switching labs/ to level {level!r} would overwrite your edits in "

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbook.grading.labs import LABS, repo_root
+from workbook.runtime.child_process import course_env, stop_group
 
 DEFAULT_STUDENT_TIMEOUT_S = 600.0   # Gradescope's default limit for a whole submission
 
@@ -97,19 +96,6 @@ def labs_to_grade(class_dir: Path, labs: list[str] | None) -> list[str]:
     return [lab for lab in LABS if lab in seen]
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def failure_note(tests: list[dict], limit: int = 3) -> str:
     """``2 of 5 tests failed (1 not implemented yet): tp_mlp, tp_block; first: rank 1: ...``:
     what a student lost points on, in a line (their results.json has every message)."""
@@ -158,8 +144,7 @@ def grade_student(folder: Path, labs: list[str], *, timeout: float, max_ranks: i
         cmd += ["--lab", lab]
     if max_ranks is not None:
         cmd += ["--max-ranks", str(max_ranks)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(repo_root())] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = course_env(repo_root())
     env.pop("WORKBOOK_IMPL", None)
     log = workdir / folder.name / "grade.log"
     t0 = time.monotonic()
@@ -172,7 +157,7 @@ def grade_student(folder: Path, labs: list[str], *, timeout: float, max_ranks: i
             result.notes.append(f"time limit of {timeout:g} s reached: graded 0 for "
                                 f"{', '.join(files)}")
         finally:
-            _kill_group(proc)          # the grader and every rank it started, also on Ctrl-C
+            stop_group(proc)           # the grader and every rank it started, also on Ctrl-C
     result.seconds = time.monotonic() - t0
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)

@@ -10,18 +10,15 @@ import json
 from pathlib import Path
 
 from workbook.grading.labs import LABS
+from workbook.grading.markup import level_of
 
 HINTS_FILE = "hints.json"
-LEVEL_MARK = "by `workbook assign` (level: "
 
 
 def lab_level(folder: Path, lab: str) -> str:
     """The level ``folder/lab.py`` was generated at (``standard`` for an older or edited header)."""
     path = folder / f"{lab}.py"
-    head = path.read_text().split("\n", 1)[0] if path.is_file() else ""
-    if LEVEL_MARK in head:
-        return head.split(LEVEL_MARK, 1)[1].split(")", 1)[0]
-    return "standard"
+    return (level_of(path.read_text()) if path.is_file() else None) or "standard"
 
 
 def lab_tasks(folder: Path, lab: str) -> list[dict]:

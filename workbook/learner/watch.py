@@ -9,7 +9,6 @@ group is interrupted, then killed.
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 from workbook.grading.labs import LABS, impl_dir, repo_root
+from workbook.runtime.child_process import course_env, stop_group
 
 CLEAR = "\x1b[2J\x1b[H"
 GRACE_S = 5.0                  # how long an interrupted self-check may take to stop its ranks
@@ -33,35 +33,18 @@ def compile_error(path: Path) -> str | None:
     return None
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Interrupt the self-check's whole process group, then kill what is left."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGINT, GRACE_S), (signal.SIGKILL, GRACE_S)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def check_once(lab: str, impl: str, extra: list[str], write) -> int:
     """One self-check in its own process group, its output passed through; its exit status."""
     cmd = [sys.executable, "-m", "workbook.cli", "run", lab, "--impl", impl, *extra]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
-        [str(repo_root())] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", env=env, start_new_session=True)
+                            errors="replace", env=course_env(repo_root(), PYTHONUNBUFFERED="1"),
+                            start_new_session=True)
     try:
         for line in proc.stdout:
             write(line.rstrip("\n"))
         return proc.wait()
     finally:
-        _stop(proc)
+        stop_group(proc, signal.SIGINT, GRACE_S)   # interrupt first: the self-check ends its ranks
 
 
 def watch(lab: str, *, impl: str = "labs", extra: list[str] | None = None, write=print,
