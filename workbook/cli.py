@@ -367,6 +367,16 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        _stop_ranks()
+
+
+def _stop_ranks() -> None:
+    """Nothing this command started outlives it: the rank pools and the fork server are
+    stopped and waited for before ``workbook`` returns (where it started any)."""
+    pool = sys.modules.get("workbook.runtime.pool")
+    if pool is not None:
+        pool.stop_fork_server()
 
 
 if __name__ == "__main__":

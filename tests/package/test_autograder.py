@@ -182,9 +182,9 @@ def test_a_hang_scores_zero_with_its_report_and_the_rest_is_graded(bundle, tmp_p
     tests = by_name(res)
     hung = tests["ring_allreduce::ring_all_reduce_matches_builtin"]
     assert hung["score"] == 0
-    assert "the ranks did not finish within" in hung["output"]                 # the hang report
+    assert "no rank made progress for" in hung["output"]                 # the hang report
     for rank in (0, 1):
-        assert f"rank {rank}: waiting in recv" in hung["output"]
+        assert f"rank {rank}: in your recv" in hung["output"]
     assert tests["ring_allreduce::ring_all_reduce_pattern"]["score"] == 0     # reads that run
     others = [t for name, t in tests.items() if "ring_all_reduce_" not in name]
     assert len(others) == 10 and all(t["score"] == t["max_score"] for t in others), others

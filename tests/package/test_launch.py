@@ -81,8 +81,8 @@ def test_a_hang_ends_with_a_report_and_no_survivors():
         p.run(never_returns_on_rank_one, timeout=3)
     assert time.monotonic() - t0 < 10
     report = str(info.value)
-    assert "rank 0: waiting in barrier #1" in report
-    assert "rank 1: no collective yet" in report
+    assert "rank 0: in your barrier #1" in report
+    assert "rank 1: outside any collective, with no call" in report
     assert not any(proc.is_alive() for proc in p._procs)
 
 
@@ -91,15 +91,15 @@ def test_mismatched_collectives_are_named_per_rank():
     with pytest.raises(RanksTimedOut) as info:
         p.run(mismatched, timeout=3)
     report = str(info.value)
-    assert "rank 0: waiting in all_reduce #1 (float32[8])" in report
-    assert "rank 1: waiting in broadcast #1 (float32[8], src=0)" in report
+    assert "rank 0: in your all_reduce #1 (float32[8])" in report
+    assert "rank 1: in your broadcast #1 (float32[8], src=0)" in report
     assert "disagree" in report
     assert not any(proc.is_alive() for proc in p._procs)
 
 
 def test_a_rank_that_dies_is_reported():
     p = RankPool(2, "gloo")
-    with pytest.raises(RankFailed, match="rank 1 died"):
+    with pytest.raises(RankFailed, match="rank 1 exited with status 3"):
         p.run(dies_on_rank_one, timeout=20)
     p.close()
     assert not any(proc.is_alive() for proc in p._procs)

@@ -42,4 +42,4 @@ def test_a_hang_in_a_p2p_wait_names_the_wait():
     """A rank blocked in ``wait()`` on a receive nobody sends: the hang report says where."""
     with pytest.raises(launch.RanksTimedOut) as err:
         launch.run(_receive_what_nobody_sends, 2, timeout=8)
-    assert "rank 0: waiting in wait() on batch_isend_irecv #1 (float32[4])" in str(err.value)
+    assert "rank 0: in your wait() on batch_isend_irecv #1 (float32[4])" in str(err.value)

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbook.runtime.messages import first_line
+
 PASSED, FAILED, NOT_IMPLEMENTED, HANG, ERROR, SKIPPED = (
     "passed", "failed", "not implemented", "hang", "error", "skipped")
 
@@ -146,7 +148,8 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
     timeout = STATE.timeout or timeout
     try:
         if STATE.job is not None:
-            value = STATE.job.run(n, fn, args, kwargs, link=link, timeout=_within_deadline(timeout))
+            value = STATE.job.run(n, fn, args, kwargs, link=link, timeout=timeout,
+                                  wall=_within_deadline(None))
         else:
             from workbook.runtime.launch import shared_pool
             from workbook.runtime.ranks import backend_for_link
@@ -157,7 +160,7 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
             if STATE.deadline is not None:          # starting ranks is not the test's own time
                 STATE.deadline += time.monotonic() - started
             value = pool.run(_in_impl, os.environ.get(ENV_IMPL), fn, *args, link=link,
-                             timeout=_within_deadline(timeout), **kwargs)
+                             timeout=timeout, wall=_within_deadline(None), **kwargs)
     except Exception as exc:                     # noqa: BLE001 - replayed to every reader
         if full_key is not None:
             STATE.cache[full_key] = (False, exc)
@@ -178,16 +181,17 @@ def _live_ranks(n: int) -> int | None:
     return max(cap * (cap + 1) // 2, n)
 
 
-def _within_deadline(timeout: float) -> float:
-    """``timeout``, cut to what is left of the test's time limit (``STATE.deadline``), so that a
-    hang under the autograder ends in the per-rank report inside that limit."""
+def _within_deadline(wall: float | None) -> float | None:
+    """The wall limit of a run: ``wall`` (None: the pool's default), cut to what is left of the
+    test's time limit (``STATE.deadline``), so that a run under the autograder ends, with the
+    per-rank report, inside that limit."""
     if STATE.deadline is None:
-        return timeout
+        return wall
     left = round(STATE.deadline - time.monotonic(), 1)
     if left <= 0:
         from workbook.runtime.pool import RanksTimedOut
-        raise RanksTimedOut("this test's time limit was spent before its next run on ranks began")
-    return min(timeout, left)
+        raise RanksTimedOut("this test's time limit was spent before its next run on ranks began.")
+    return left if wall is None else min(wall, left)
 
 
 def _in_impl(impl, fn, *args, **kwargs):
@@ -200,6 +204,9 @@ def _in_impl(impl, fn, *args, **kwargs):
 
 
 # --------------------------------------------------------------------------- verdicts
+from workbook.grading.labs import LabDoesNotImport  # noqa: E402
+
+
 @dataclass
 class Verdict:
     """What one check concluded: ``status`` is one of passed, failed, not implemented, hang,
@@ -251,21 +258,27 @@ def _learner_frame(exc) -> str:
 
 def verdict_for(lab: str, name: str, points: float, exc: BaseException | None) -> Verdict:
     """Turn a check's outcome (None: it returned) into a verdict with a one-paragraph message."""
-    from workbook.runtime.pool import RanksTimedOut
+    from workbook.runtime.pool import RankFailed, RanksStillRunning, RanksTimedOut
     if exc is None:
         return Verdict(lab, name, points, PASSED)
+    if isinstance(exc, LabDoesNotImport):
+        return Verdict(lab, name, points, ERROR, str(exc))
     stub = not_implemented_message(exc)
     if stub:
         return Verdict(lab, name, points, NOT_IMPLEMENTED, stub)
     if isinstance(exc, RanksTimedOut):
         return Verdict(lab, name, points, HANG, str(exc))
+    if isinstance(exc, RanksStillRunning):
+        return Verdict(lab, name, points, ERROR, str(exc))
+    if isinstance(exc, RankFailed):                    # a rank died: the whole explanation
+        return Verdict(lab, name, points, ERROR, str(exc).strip())
     if isinstance(exc, Skipped) or type(exc).__name__ == "Skipped":
         return Verdict(lab, name, points, SKIPPED, f"skipped: {exc}")
     if isinstance(exc, AssertionError) or type(exc).__name__ == "Failed":   # pytest.raises, fail
         return Verdict(lab, name, points, FAILED, str(exc).strip())
     rank = getattr(exc, "rank", None)
     where = f"rank {rank}: " if rank is not None else ""
-    first = (str(exc).strip().splitlines() or [""])[0]
+    first = first_line(str(exc))
     frame = _learner_frame(exc)
     who = "your code raised" if frame else "the check stopped on"
     return Verdict(lab, name, points, ERROR, f"{where}{who} {type(exc).__name__}: {first}{frame}")
@@ -349,6 +362,7 @@ def run_checks(lab: str, *, nproc: int | None = None, timeout: float | None = No
     STATE.nproc, STATE.timeout, STATE.job, STATE.cache = nproc, timeout, job, {}
     STATE.before_report = getattr(on_verdict, "flush", None)
     verdicts = []
+    problem = lab_import_problem(lab)
     try:
         with tempfile.TemporaryDirectory(prefix=f"workbook-{lab}-") as tmp:
             STATE.tmpdir = tmp
@@ -365,13 +379,26 @@ def run_checks(lab: str, *, nproc: int | None = None, timeout: float | None = No
                         kwargs[name] = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{k}-"))
                     else:
                         kwargs[name] = fixtures[name]
-                verdict = _run_one(check, kwargs)
+                verdict = (_run_one(check, kwargs) if problem is None else
+                           verdict_for(lab, check.name, check.points, LabDoesNotImport(problem)))
                 verdicts.append(verdict)
                 if on_verdict:
                     on_verdict(verdict)
     finally:
         STATE.nproc, STATE.timeout, STATE.job, STATE.cache = None, None, None, {}
     return verdicts
+
+
+def lab_import_problem(lab: str) -> str | None:
+    """Why the lab file under test does not import (one line, file and line), or None."""
+    from workbook.grading.labs import load_lab
+    try:
+        load_lab(lab)
+    except LabDoesNotImport as exc:
+        return str(exc)
+    except Exception:                                   # noqa: BLE001 - a missing file etc.:
+        return None                                     # the checks say it themselves
+    return None
 
 
 def _run_one(check: Check, kwargs: dict) -> Verdict:

@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from workbook.runtime.messages import first_line
+
 ENV_IMPL = "WORKBOOK_IMPL"
 ENV_ROOT = "WORKBOOK_ROOT"
 LABS = ["collectives", "ring_allreduce", "async_overlap", "tp", "sp", "domino", "overlap_math",
@@ -72,6 +74,28 @@ def block_solutions() -> None:
         sys.meta_path.insert(0, _BlockSolutions())
 
 
+class LabDoesNotImport(ImportError):
+    """The lab file under test fails to import (a syntax error, a bad import, a top-level
+    error): no check can run it. The message names the file, the line and the error."""
+
+    def __reduce__(self):                   # travels back from a rank as itself
+        return (type(self), self.args)
+
+
+def import_problem(path: Path, exc: BaseException) -> str:
+    """``not run: the lab does not import (labs/tp.py, line 12: SyntaxError: ...).``"""
+    import traceback
+    where = f"{path.parent.name}/{path.name}"
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        what = f"line {exc.lineno}: {type(exc).__name__}: {exc.msg}"
+    else:
+        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__)
+                 if Path(f.filename) == path]
+        first = first_line(str(exc))
+        what = (f"line {lines[-1]}: " if lines else "") + f"{type(exc).__name__}: {first}".rstrip(": ")
+    return f"not run: the lab does not import ({where}, {what.rstrip('.:')})."
+
+
 def load_lab(name: str, impl: str | None = None):
     """Import lab ``name`` from the implementation under test (cached per file)."""
     folder = impl_dir(impl)
@@ -89,7 +113,11 @@ def load_lab(name: str, impl: str | None = None):
     module = importlib.util.module_from_spec(spec)
     module.__workbook_mtime__ = path.stat().st_mtime
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:                # noqa: BLE001 - a half-run module is never kept
+        sys.modules.pop(module_name, None)
+        raise LabDoesNotImport(import_problem(path, exc)) from exc
     import cloudpickle                      # its functions travel to rank processes by value
     cloudpickle.register_pickle_by_value(module)
     return module

@@ -7,10 +7,15 @@ so this module gives each rank what the pool gives the launcher:
   outcome (result or error) to the job's store; every rank reads all outcomes, so every rank
   judges the same records. A rank that raised tears its process group down (peers blocked on
   it fail at once) and all ranks join a fresh one (a new store prefix) for the next check;
-* **a hang ends in the report**: a watchdog thread per rank fires ``timeout`` seconds into a
-  check; each rank posts the last call its flight recorder saw, rank 0 prints the per-rank
-  report, and the job ends with exit status 2. The process group's own timeout sits 60 s
-  above the watchdog's, so gloo's "Timed out waiting ..." never comes first;
+* **a hang ends in the report**: a watchdog thread per rank posts, once a second, its rank's
+  flight-recorder state (the count of calls entered and left, and whether it sits in one) to
+  the store and reads every rank's. When no rank's count has moved for ``timeout`` seconds
+  while every rank sits in a call or has finished the check, it is a hang (as in
+  ``workbook.runtime.pool``: no progress, not a long check); each rank posts the last call its
+  flight recorder saw, rank 0 prints the per-rank report, and the job ends with exit status 2.
+  A check that keeps progressing past its wall limit ends the same way, called "still
+  running", not a hang. The process group's own timeout sits far above both, so gloo's "Timed
+  out waiting ..." never comes first;
 * **quiet exits**: each node's local rank 0 carries the job's exit status; the others leave
   first with 0, so torchrun lists one failed rank per node, not every rank (torchrun itself
   exits 1 on any failure). On several nodes every node's agent so fails by itself: none waits
@@ -25,7 +30,11 @@ import sys
 import threading
 import time
 
-PG_MARGIN_S = 60.0           # the process group's timeout, above the watchdog's
+from workbook.runtime.messages import first_line
+
+PG_TIMEOUT_S = 3600.0        # the process group's timeout: the watchdog always fires first
+BEAT_S = 1.0                 # how often each rank's watchdog posts its progress
+CPU_BUSY_S = 0.05            # CPU seconds in one beat that make a rank outside a call "computing"
 from workbook.runtime.multinode import EXIT_WITHIN_S  # noqa: E402
 
 
@@ -42,7 +51,7 @@ class JobRanks:
         self.backend = choose_backend(backend, self.local_world, "none")
         if self.backend == "gloo":
             torch.set_num_threads(threads_per_rank(self.local_world))
-        self.pg_timeout = timeout + PG_MARGIN_S
+        self.pg_timeout = max(PG_TIMEOUT_S, 10 * timeout)
         self.generation, self.seq, self.links = 0, 0, {}
         self._init = lambda: init_rank(self.rank, self.world, self.local_rank, self.backend,
                                        self.store, self.generation, self.pg_timeout)
@@ -51,7 +60,8 @@ class JobRanks:
         self.watchdog.start()
 
     # -- one check's rank side on every rank
-    def run(self, n: int, fn, args, kwargs, *, link: str, timeout: float) -> list:
+    def run(self, n: int, fn, args, kwargs, *, link: str, timeout: float,
+            wall: float | None = None) -> list:
         import torch.distributed as dist
         from workbook.runtime import flight
         from workbook.grading.engine import Skipped
@@ -61,7 +71,8 @@ class JobRanks:
             raise Skipped(f"runs on {n} ranks; this job has {self.world}")
         self.seq += 1
         keys = [f"workbook/outcome/{self.generation}/{self.seq}/{r}" for r in range(self.world)]
-        self.watchdog.arm(timeout)
+        from workbook.runtime.pool import wall_limit
+        self.watchdog.arm(timeout, wall_limit(timeout) if wall is None else wall)
         try:
             try:
                 flight.RECORDER.reset()
@@ -71,6 +82,7 @@ class JobRanks:
             except Exception as exc:                       # noqa: BLE001 - posted to every rank
                 outcome = ("err", _describe_error(self.rank, exc))
                 payload = pickle.dumps(outcome)
+            flight.RECORDER._write({"state": "done"})    # finished: waits for the others
             self.store.set(keys[self.rank], payload)
             if outcome[0] == "err":
                 dist.destroy_process_group()               # peers blocked on this rank fail now
@@ -89,7 +101,7 @@ class JobRanks:
                 self._init()                   # a fresh group for the next check
             except Exception as exc:           # noqa: BLE001 - never hides the job's own error
                 primary.add_note(f"(the job's process group could not be rebuilt after it: "
-                                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]})")
+                                 f"{type(exc).__name__}: {first_line(str(exc), 160)})")
             raise primary
         return [o[1] for o in outcomes]
 
@@ -132,11 +144,14 @@ def _wait_keys(store, keys: list[str], seconds: float) -> bool:
 
 
 class Watchdog(threading.Thread):
-    """Fires ``timeout`` seconds into a check: the per-rank hang report, then exit status 2."""
+    """Ends a check that stopped progressing (a hang) or runs past its wall limit: the per-rank
+    report, then exit status 2 (see the module docstring)."""
 
     def __init__(self, job: JobRanks):
         super().__init__(daemon=True, name="workbook-watchdog")
-        self.job, self.deadline, self.timeout, self._store = job, None, 0.0, None
+        self.job, self._store = job, None
+        self.armed_at = self.timeout = self.wall = None
+        self.beat = 0
 
     def store(self):
         """A store client of the watchdog's own: the main thread may be blocked inside the job's
@@ -149,19 +164,52 @@ class Watchdog(threading.Thread):
                                         is_master=False, timeout=timedelta(seconds=10))
         return self._store
 
-    def arm(self, timeout: float) -> None:
-        self.timeout, self.deadline = timeout, time.monotonic() + timeout
+    def arm(self, timeout: float, wall: float) -> None:
+        self.timeout, self.wall = timeout, wall
+        self.armed_at = time.monotonic()
 
     def disarm(self) -> None:
-        self.deadline = None
+        self.armed_at = None
 
     def run(self) -> None:
+        last_events, last_cpu, last_progress = None, [], time.monotonic()
         while True:
-            time.sleep(0.1)
-            if self.deadline is not None and time.monotonic() > self.deadline:
-                self.fire()
+            time.sleep(BEAT_S)
+            armed_at = self.armed_at
+            if armed_at is None:
+                last_events = None
+                continue
+            try:
+                states = self._exchange()
+            except Exception:                          # noqa: BLE001 - the store is gone: leaving
+                continue
+            now = time.monotonic()
+            events = [s.get("events") for s in states]
+            cpu = [s.get("cpu", 0.0) for s in states]
+            computing = last_events is not None and any(
+                s.get("state") not in ("in", "done") and c - before >= CPU_BUSY_S
+                for s, c, before in zip(states, cpu, last_cpu))
+            if events != last_events or computing:
+                last_progress = now
+            last_events, last_cpu = events, cpu
+            if now - max(last_progress, armed_at) > self.timeout:
+                self.fire("hang")
+            elif now - armed_at > self.wall:
+                self.fire("wall")
 
-    def fire(self) -> None:
+    def _exchange(self) -> list[dict]:
+        """Post this rank's flight-recorder state; read every rank's (a rank not posted yet:
+        starting)."""
+        from workbook.runtime import flight
+        job, store = self.job, self.store()
+        self.beat += 1
+        store.set(f"workbook/beat/{job.rank}",
+                  json.dumps(dict(flight.RECORDER.state, cpu=time.process_time())))
+        keys = [f"workbook/beat/{r}" for r in range(job.world)]
+        return [json.loads(store.get(k)) if store.check([k]) else {"state": "starting"}
+                for k in keys]
+
+    def fire(self, why: str) -> None:
         from workbook.runtime import flight
         from workbook.grading.engine import STATE
         job = self.job
@@ -179,13 +227,18 @@ class Watchdog(threading.Thread):
         if STATE.before_report:
             STATE.before_report()
         sys.stdout.flush()
-        print(f"  HANG  {STATE.current or 'a check'}\n        "
-              + flight.hang_report(slots, self.timeout).replace("\n", "\n        "),
+        headline = None if why == "hang" else (
+            f"still running after {self.wall:.0f} s, though the ranks kept making progress: a "
+            f"slow machine or an endless loop?")
+        tag = "HANG " if why == "hang" else "SLOW "
+        print(f"  {tag} {STATE.current or 'a check'}\n        "
+              + flight.hang_report(slots, self.timeout, headline=headline).replace("\n", "\n        "),
               file=sys.stderr, flush=True)
         if silent:
             print(f"        rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} did not "
-                  f"answer: the process (or its node) is gone", file=sys.stderr, flush=True)
-        print("exit 2 (a hang): the job ends here, no rank is left running", file=sys.stderr,
-              flush=True)
+                  f"answer: the process (or its node) is gone.", file=sys.stderr, flush=True)
+        print("exit 2: the job ends here, no rank is left running. torchrun's own lines follow "
+              "(a ChildFailedError naming the rank that carried this exit status).",
+              file=sys.stderr, flush=True)
         store.set("workbook/hang/reported", "1")
         job.finish(2)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from workbook.grading.labs import LABS, repo_root
 from workbook.runtime.child_process import course_env, stop_group
+from workbook.runtime.messages import first_line
 
 DEFAULT_STUDENT_TIMEOUT_S = 600.0   # Gradescope's default limit for a whole submission
 
@@ -102,7 +103,7 @@ def failure_note(tests: list[dict], limit: int = 3) -> str:
     bad = [t for t in tests if t.get("score", 0) < t.get("max_score", 0)]
     if not bad:
         return ""
-    first_lines = [((t.get("output") or "").strip().splitlines() or [""])[0] for t in bad]
+    first_lines = [first_line(t.get("output") or "") for t in bad]
     stubs = sum(line.startswith("not implemented yet") for line in first_lines)
     names = [str(t.get("name", "?")).split("::", 1)[-1] for t in bad]
     note = f"{len(bad)} of {len(tests)} tests failed"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 
+from workbook.runtime.messages import first_line
 from workbook.trace import colors
 
 BACKWARD = "#56B4E9"            # a backward pass is compute too: a lighter blue than a forward
@@ -34,8 +35,7 @@ ACCEPT_RUNS = ("ok", "WRONG")   # verdicts of code that runs to the end (right o
 # --------------------------------------------------------------------------- is the lab usable?
 def verdict_of(exc: BaseException) -> str:
     """An exception as a verdict: its type and the first line of its message."""
-    first = (str(exc).splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"
+    return f"{type(exc).__name__}: {first_line(str(exc))}"
 
 
 def probe(check, n: int, *args, keys, timeout: float = 60.0) -> dict:

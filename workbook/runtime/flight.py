@@ -12,11 +12,21 @@ shared-memory slot that the launcher reads when a run times out, so the report c
 It works on every backend (gloo, NCCL, the simulated link) because it wraps the module-level
 functions of ``torch.distributed`` that lab code calls (``dist.all_reduce(...)``); the graders
 also use its counts ("each rank sends exactly 2(N-1) messages").
+
+Two more things the slot holds, for the watchdog and the report:
+
+* ``events``: how many times the rank entered or left a call or a wait. The launcher calls a
+  run a hang only when this count has stood still on every rank for the whole timeout while
+  every unfinished rank sits inside a call: a slow machine still makes events, a hang does not;
+* ``own``: whether the call was made by the check itself (a file of the grader: its reference
+  ``all_reduce``, its ``barrier`` between phases) or by the code under test, so the report can
+  say "the check's own barrier, waiting for rank 1, which is still in your reduce #2".
 """
 from __future__ import annotations
 
 import functools
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,7 +42,11 @@ RECORDED = {
     "all_to_all": None, "all_to_all_single": None, "barrier": None,
     "send": "dst", "recv": "src", "isend": "dst", "irecv": "src", "batch_isend_irecv": None,
 }
-SLOT_BYTES = 512
+SLOT_BYTES = 1024
+P2P_NAMES = ("send", "recv", "isend", "irecv", "batch_isend_irecv")   # pairs, not collectives
+#: Where the grader's own code lives: a call made from a file under one of these folders is the
+#: check's own, not the learner's.
+CHECK_FOLDERS = ("/tests/grading/", "/workbook/grading/")
 
 
 @dataclass
@@ -47,13 +61,17 @@ class Call:
     async_op: bool
     t_enter: float = field(default_factory=time.time)
     returned: bool = False
+    own: bool = False               # made by the check itself, not by the code under test
+    helper: str = ""                # made by a helper of this package (its name), for the learner
+    at: str = ""                    # the line of the code under test that led to it, if any
 
     def describe(self) -> str:
         shapes = ", ".join(f"{self.dtype}{list(s)}" for s in self.shapes[:3])
         if len(self.shapes) > 3:
             shapes += f", ... {len(self.shapes)} tensors"
         peer = "" if self.peer is None else f", {RECORDED.get(self.name) or 'peer'}={self.peer}"
-        return f"{self.name} #{self.seq} ({shapes}{peer})"
+        inside = f" ({shapes}{peer})" if shapes or peer else ""
+        return f"{self.name} #{self.seq}{inside}"
 
 
 def _tensors(obj, out):
@@ -74,6 +92,7 @@ class FlightRecorder:
         self.calls: list[Call] = []
         self.slot: memoryview | None = None
         self.state: dict = {"state": "idle"}    # what the slot holds, kept in-process too (torchrun)
+        self.events = 0                           # calls and waits entered or left, ever
         self._depth = threading.local()
         self._installed = False
 
@@ -92,6 +111,8 @@ class FlightRecorder:
         return out
 
     def _write(self, payload: dict) -> None:
+        self.events += 1
+        payload["events"] = self.events
         self.state = payload
         if self.slot is None:
             return
@@ -135,18 +156,17 @@ class FlightRecorder:
                         str(first.dtype).replace("torch.", "") if first is not None else "",
                         first.numel() * first.element_size() if first is not None else 0,
                         peer, bool(kwargs.get("async_op")) or name in ("isend", "irecv",
-                                                                       "batch_isend_irecv"))
+                                                                       "batch_isend_irecv"),
+                        **caller_of(sys._getframe(1)))
             self.calls.append(call)
-            self._write({"state": "in", "call": call.describe(), "name": name, "seq": call.seq,
-                         "t": call.t_enter})
+            self._write(_entry("in", call, call.describe(), call.t_enter))
             self._depth.n = depth + 1
             try:
                 result = original(*args, **kwargs)
             finally:
                 self._depth.n = depth
             call.returned = True
-            self._write({"state": "returned", "call": call.describe(), "name": name,
-                         "seq": call.seq, "t": call.t_enter})
+            self._write(_entry("returned", call, call.describe(), call.t_enter))
             if name in ("isend", "irecv") and result is not None:
                 return WaitOnce(result, self, call)
             if name == "batch_isend_irecv" and isinstance(result, list):
@@ -170,16 +190,74 @@ class WaitOnce:
     def wait(self, *args, **kwargs):
         if not self._done:
             c = self._call
-            self._recorder._write({"state": "in", "call": f"wait() on {c.describe()}",
-                                   "name": c.name, "seq": c.seq, "t": time.time()})
+            self._recorder._write(_entry("in", c, f"wait() on {c.describe()}", time.time()))
             self._work.wait(*args, **kwargs)
-            self._recorder._write({"state": "returned", "call": f"wait() on {c.describe()}",
-                                   "name": c.name, "seq": c.seq, "t": c.t_enter})
+            self._recorder._write(_entry("returned", c, f"wait() on {c.describe()}", c.t_enter))
             self._done = True
         return True
 
     def __getattr__(self, name):
         return getattr(self._work, name)
+
+
+def _entry(state: str, call: Call, text: str, t: float) -> dict:
+    return {"state": state, "call": text, "name": call.name, "seq": call.seq, "t": t,
+            "own": call.own, "helper": call.helper, "at": call.at}
+
+
+_PACKAGE = __file__.replace("\\", "/").rsplit("/runtime/", 1)[0] + "/"     # .../workbook/
+
+
+def caller_of(frame) -> dict:
+    """Who made the call in ``frame``: ``{"own": True}`` for the grader's own files
+    (``CHECK_FOLDERS``), ``{"helper": name}`` for a function of this package that the code under
+    test calls (``all_reduce_sum``), else the code under test itself; with ``"at"``, the line of
+    the code under test it came from (``dp_overlap.py:331, in start_gather``), if any."""
+    name = source_file(frame) if frame is not None else ""
+    out: dict = {}
+    if any(folder in name for folder in CHECK_FOLDERS) and "/tests/grading/wrong/" not in name:
+        out["own"] = True
+    elif name.startswith(_PACKAGE):
+        out["helper"] = frame.f_code.co_name
+    for _ in range(12):                                # the nearest line of the code under test
+        if frame is None:
+            break
+        if in_code_under_test(source_file(frame)):
+            path = source_file(frame).rsplit("/", 2)
+            out["at"] = f"{'/'.join(path[-2:])}:{frame.f_lineno}, in {frame.f_code.co_name}"
+            break
+        frame = frame.f_back
+    return out
+
+
+def source_file(frame) -> str:
+    """The file a frame's code comes from. A function sent to a rank by value (cloudpickle) has
+    lost its code's file name (``<dynamic-code>``) but kept its module's ``__file__``."""
+    name = frame.f_code.co_filename
+    if name.startswith("<"):
+        name = frame.f_globals.get("__file__") or name
+    return name.replace("\\", "/")
+
+
+_LIBRARIES: tuple = ()
+
+
+def in_code_under_test(path: str) -> bool:
+    """Whether a source file is the code under test (a lab file, a notebook's cells are not
+    files): neither Python's nor an installed package's, nor this package's, nor the grader's
+    (a deliberately wrong lab under ``tests/grading/wrong/`` is code under test)."""
+    global _LIBRARIES
+    if not _LIBRARIES:
+        import sysconfig
+        paths = sysconfig.get_paths()
+        _LIBRARIES = tuple({paths[k] for k in ("stdlib", "purelib", "platlib")})
+    path = path.replace("\\", "/")
+    if path.startswith("<") or not path.endswith(".py"):
+        return False
+    if "/tests/grading/wrong/" in path:
+        return True
+    return not (path.startswith(_LIBRARIES) or path.startswith(_PACKAGE)
+                or any(folder in path for folder in CHECK_FOLDERS))
 
 
 RECORDER = FlightRecorder()
@@ -193,22 +271,63 @@ def read_slot(buf) -> dict:
         return {"state": "unknown"}
 
 
-def hang_report(slots: list[dict], timeout: float) -> str:
-    """The message a learner reads when ranks never finish: the last call of every rank."""
-    lines = [f"the ranks did not finish within {timeout:g} s. The last collective each rank entered:"]
+def _call(slot: dict) -> str:
+    if slot.get("own"):
+        return f"the check's own {slot['call']}"
+    if slot.get("helper"):
+        return f"{slot['call']}, made for you by the course's {slot['helper']}"
+    return f"your {slot['call']}"
+
+
+def describe_slot(slot: dict) -> str:
+    """One rank's state in words: ``in your reduce #2 (...)``, ``in the check's own barrier
+    #3``, ``outside any collective (the last it finished: ...)``."""
+    state = slot.get("state")
+    if state == "in":
+        return f"in {_call(slot)}"
+    if state == "returned":
+        return f"outside any collective (the last it finished: {_call(slot)})"
+    if state == "done":
+        return "finished its part of the run"
+    if state == "idle":
+        return "outside any collective, with no call to torch.distributed yet in this run"
+    return f"not started ({state})"
+
+
+def hang_report(slots: list[dict], timeout: float, *, headline: str | None = None) -> str:
+    """The message a learner reads when ranks stop making progress: the last call of every
+    rank, whose it was (the check's or the learner's), and who is waiting for whom.
+
+    ``timeout``: the seconds without progress that made this a hang. Every line ends in a
+    sentence, so the report reads whole wherever it is cut into a note."""
+    lines = [headline or f"no rank made progress for {timeout:g} s (no collective, point-to-point "
+                         f"operation or wait was entered or left), so the run was stopped.",
+             "The last call of each rank:"]
     now = time.time()
     for rank, s in enumerate(slots):
-        state = s.get("state")
-        if state == "in":
-            lines.append(f"  rank {rank}: waiting in {s['call']} for {now - s['t']:.1f} s")
-        elif state == "returned":
-            lines.append(f"  rank {rank}: not in a collective; last finished {s['call']}")
-        else:
-            lines.append(f"  rank {rank}: no collective yet ({state})")
-    waiting = [s for s in slots if s.get("state") == "in"]
-    if len({(s["name"], s["seq"]) for s in waiting}) > 1:
-        lines.append("  the ranks disagree: every rank must call the same collectives in the same "
-                     "order (check branches on the rank and early returns)")
+        waited = now - s["t"] if s.get("state") == "in" and "t" in s else 0.0
+        since = f", for {waited:.1f} s" if waited >= 1 else ""
+        at = f" (at {s['at']})" if s.get("at") and s.get("state") == "in" else ""
+        lines.append(f"  rank {rank}: {describe_slot(s)}{at}{since}.")
+    waiting = {r: s for r, s in enumerate(slots) if s.get("state") == "in"}
+    for rank, s in waiting.items():
+        if not s.get("own"):
+            continue
+        others = [r for r in range(len(slots))
+                  if (slots[r].get("name"), slots[r].get("seq")) != (s["name"], s["seq"])
+                  or slots[r].get("state") != "in"]
+        if others:
+            who = "; ".join(f"rank {r} is {describe_slot(slots[r])}" for r in others)
+            lines.append(f"  rank {rank} waits in the check's own {s['name']} for the other "
+                         f"ranks to reach it: {who}.")
+    collectives = [s for s in waiting.values() if s["name"] not in P2P_NAMES]
+    if len({(s["name"], s["seq"]) for s in collectives}) == 1 and \
+            len({s["call"] for s in collectives}) > 1:
+        lines.append("  The ranks disagree on the tensors: every rank must pass the same shapes "
+                     "and dtypes to a collective (or the sizes its peers expect).")
+    elif len({(s["name"], s["seq"]) for s in collectives}) > 1:
+        lines.append("  The ranks disagree: every rank must call the same collectives in the same "
+                     "order (check branches on the rank and early returns).")
     elif waiting and len(waiting) < len(slots):
-        lines.append("  some ranks are waiting for peers that are busy elsewhere or never call it")
+        lines.append("  Some ranks wait for peers that are busy elsewhere or never call it.")
     return "\n".join(lines)

@@ -12,8 +12,15 @@ Failure handling, the part learners meet most:
   (a peer's "connection closed" is secondary) with a note naming the rank;
 * after a failure the ranks build fresh process groups (a new store prefix) in the same
   processes; a rank that died or never answered closes the pool instead;
-* after ``timeout`` seconds the caller gets ``RanksTimedOut`` with the flight recorder's
-  per-rank report, and every rank is killed;
+* a hang is no progress, not a long run: when no rank has entered or left a collective,
+  point-to-point operation or wait for ``timeout`` seconds, and every unfinished rank sits in
+  one, the caller gets ``RanksTimedOut`` with the flight recorder's per-rank report, and every
+  rank is killed. A run that keeps making progress is never a hang, however slow the machine;
+  a separate, generous wall limit (``wall_limit``) ends one that runs for ever with
+  ``RanksStillRunning`` ("a slow machine or an endless loop?");
+* a rank that dies (a segfault, gloo's abort) is explained: each rank writes its Python stack
+  on a fatal signal (``faulthandler``) and its standard error to files of its own, which
+  ``workbook.runtime.rank_death`` reads into the message;
 * ranks die with the launching process (``PR_SET_PDEATHSIG``), so nothing is left running.
 
 The rendezvous store listens on a port the OS picks (port 0): parallel pools never collide.
@@ -23,8 +30,10 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -36,7 +45,10 @@ import cloudpickle
 
 from workbook.runtime.ranks import choose_backend, init_rank, set_link, threads_per_rank
 
-DEFAULT_TIMEOUT = 60.0         # seconds a run may take before it is a hang (the report, not gloo's error)
+DEFAULT_TIMEOUT = 60.0         # seconds without progress before a run is a hang (the report, not gloo's)
+WALL_LIMIT_S = 600.0           # a run that progresses but never ends: stopped after this (times load)
+POLL_S = 0.25                  # how often the launcher reads the ranks' flight-recorder slots
+CPU_BUSY_S = 0.02              # CPU seconds in one look that make a rank outside a call "computing"
 PROCESS_GROUP_TIMEOUT_S = 3600.0   # the pool is the watchdog: gloo's own timeout never fires first
 # Imported once in the fork server, so that every rank shares these pages instead of importing
 # its own copy: symbolic_shapes (and sympy, 30+ MB) is what torch imports on the first
@@ -61,7 +73,22 @@ ERROR_GRACE_S = 3.0            # after a first error, how long peers get to repo
 
 
 class RanksTimedOut(TimeoutError):
-    """The ranks did not finish in time; the message holds the per-rank hang report."""
+    """The ranks stopped making progress; the message holds the per-rank hang report."""
+
+
+class RanksStillRunning(TimeoutError):
+    """The ranks kept making progress but did not finish within the wall limit."""
+
+
+def wall_limit(timeout: float) -> float:
+    """The default wall limit of one run: ``WALL_LIMIT_S`` (at least ten no-progress timeouts),
+    stretched by how overloaded this machine is right now (load average per core, at least 1),
+    so that a correct but slow run on a busy machine is never stopped."""
+    try:
+        busy = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        busy = 1.0
+    return max(WALL_LIMIT_S, 10 * timeout) * max(1.0, busy)
 
 
 class RankFailed(RuntimeError):
@@ -118,11 +145,32 @@ def release_freed_memory() -> None:
 _MALLOC_TRIM = None
 
 
-def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_path, env, nnodes=1):
+def _keep_evidence(rank: int, folder: str) -> None:
+    """A fatal signal's Python stack into this rank's fault file; standard error into its own
+    file (the launcher relays it after each run and reads it when the rank dies)."""
+    import faulthandler
+
+    from workbook.runtime.rank_death import fault_file, stderr_file
+    global _FAULTS
+    _FAULTS = open(fault_file(folder, rank), "w")          # kept open for faulthandler
+    faulthandler.enable(_FAULTS, all_threads=True)
+    sys.stderr.flush()
+    fd = os.open(stderr_file(folder, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+_FAULTS = None
+
+
+def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_path, env, nnodes=1,
+               evidence=None):
     """The loop of a spawned rank: initialise once, then run tasks until told to stop."""
     import gc
     gc.freeze()     # what the fork server imported stays shared: the collector never writes to it
     _die_with_parent()
+    if evidence:
+        _keep_evidence(rank, evidence)
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the launcher's to handle
     os.environ.update(env)
     sys.path[:] = parent_path
@@ -207,6 +255,9 @@ class RankPool:
                              f"master port or leave it unset to pick a free one ({exc})") from None
         self._shm = SharedMemory(create=True, size=world_size * flight.SLOT_BYTES)
         self._shm.buf[:] = b"\0" * len(self._shm.buf)
+        self._evidence = tempfile.mkdtemp(prefix="workbook-ranks-")   # removed by close()
+        self._stderr_at = [0] * world_size
+        self._cpu: dict[int, float | None] = {}      # each rank's CPU seconds at the last look
         ctx = _rank_start_context()
         self._conns, self._procs = [], []
         env = {k: v for k, v in os.environ.items() if k.startswith(("WORKBOOK_", "CUDA", "NCCL"))}
@@ -214,7 +265,7 @@ class RankPool:
             parent_end, child_end = ctx.Pipe()
             p = ctx.Process(target=_rank_main, daemon=True, name=f"workbook-rank{rank}",
                             args=(rank, world_size, self.backend, self._store.port, child_end,
-                                  self._shm.name, list(sys.path), env, nnodes))
+                                  self._shm.name, list(sys.path), env, nnodes, self._evidence))
             p.start()
             child_end.close()
             self._conns.append(parent_end)
@@ -238,70 +289,144 @@ class RankPool:
             try:
                 kind, _ = conn.recv()
             except EOFError:
+                self._procs[rank].join(2)
+                said = self._relay_stderr(rank, echo=False).strip()
                 self.close()
                 raise RankFailed(f"rank {rank} exited while starting (exit code "
-                                 f"{self._procs[rank].exitcode})") from None
+                                 f"{self._procs[rank].exitcode})" +
+                                 (f". It said:\n{said}" if said else "")) from None
             assert kind == "ready"
 
-    def run(self, fn, *args, link: str = "none", timeout: float = DEFAULT_TIMEOUT, **kwargs) -> list:
-        """Run ``fn(*args, **kwargs)`` on every rank; return the results indexed by rank."""
+    def run(self, fn, *args, link: str = "none", timeout: float = DEFAULT_TIMEOUT,
+            wall: float | None = None, **kwargs) -> list:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results indexed by rank.
+
+        ``timeout``: seconds without progress before the run is a hang; ``wall``: seconds before
+        a run that still progresses is stopped (default ``wall_limit(timeout)``)."""
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         if self.closed:
             raise RuntimeError("this RankPool is closed")
         choose_backend(self.backend, self.world_size, link)
         self._task_id += 1
         payload = cloudpickle.dumps((fn, args, kwargs))
         try:
-            return self._run_task(payload, link, timeout)
+            return self._run_task(payload, link, timeout, wall_limit(timeout) if wall is None else wall)
         except BaseException:
             if self._busy:     # interrupted mid-task (a notebook's stop button, a test's time
                 self.close(force=True)   # limit): the ranks' late replies must answer no one
             raise
 
-    def _run_task(self, payload: bytes, link: str, timeout: float) -> list:
+    def _run_task(self, payload: bytes, link: str, timeout: float, wall: float) -> list:
         self._busy = True
         for conn in self._conns:
             conn.send(("run", self._task_id, payload, link, timeout))
         results: dict[int, object] = {}
         errors: dict[int, dict] = {}
-        deadline = time.monotonic() + timeout
+        started = last_progress = time.monotonic()
+        events = self._events()
         first_error_at = None
         pending = dict(enumerate(self._conns))
+        verdict = None                       # "hang" or "wall" when the run is stopped
         while pending:
-            limit = deadline if first_error_at is None else min(deadline, first_error_at + ERROR_GRACE_S)
-            ready = wait_for_pipes(list(pending.values()), max(0.0, limit - time.monotonic()))
-            if not ready:
-                break
+            ready = wait_for_pipes(list(pending.values()), POLL_S)
+            now = time.monotonic()
             for conn in ready:
                 rank = self._conns.index(conn)
                 try:
                     kind, task_id, value = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    code = self._procs[rank].exitcode
-                    errors[rank] = {"rank": rank, "type": "RankFailed", "secondary": False,
-                                    "message": f"rank {rank} died (exit code {code})",
-                                    "traceback": "", "pickled": None}
+                    errors[rank] = self._death(rank)
                     pending.pop(rank)
+                    first_error_at = first_error_at or now
                     continue
                 if task_id != self._task_id:       # a reply to an earlier task: not this one's
                     continue
                 pending.pop(rank)
+                last_progress = now
                 if kind == "ok":
                     results[rank] = value
                 else:
                     errors[rank] = value
-                    first_error_at = first_error_at or time.monotonic()
+                    first_error_at = first_error_at or now
+            if not pending:
+                break
+            if first_error_at is not None and now > first_error_at + ERROR_GRACE_S:
+                break
+            seen = self._events()
+            if seen != events or self._computing(pending):
+                events, last_progress = seen, now
+            if now - last_progress > timeout:
+                verdict = "hang"
+            elif now - started > wall:        # no progress for half of it: still a hang
+                verdict = "hang" if now - last_progress > min(timeout, wall / 2) else "wall"
+            if verdict:
+                break
         self._busy = False
+        self._relay_stderr()
         if errors:
             self._recover(pending)
             raise _reraise(_primary(errors), self.world_size)
         if pending:
-            from workbook.runtime import flight
-            slots = [flight.read_slot(self._shm.buf[r * flight.SLOT_BYTES:(r + 1) * flight.SLOT_BYTES])
-                     for r in range(self.world_size)]
-            report = flight.hang_report(slots, timeout)
+            slots = [s if r in pending else {"state": "done"} for r, s in enumerate(self._slots())]
             self.close(force=True)
-            raise RanksTimedOut(report)
+            from workbook.runtime import flight
+            if verdict == "wall":
+                raise RanksStillRunning(flight.hang_report(slots, timeout, headline=(
+                    f"still running after {wall:.0f} s, though the ranks kept making progress: "
+                    f"a slow machine or an endless loop? (--timeout S allows max(600, 10 S) s, "
+                    f"more on a loaded machine).")))
+            raise RanksTimedOut(flight.hang_report(slots, timeout))
         return [results[r] for r in range(self.world_size)]
+
+    # -- what the ranks' slots and files say
+    def _slots(self) -> list[dict]:
+        from workbook.runtime import flight
+        return [flight.read_slot(self._shm.buf[r * flight.SLOT_BYTES:(r + 1) * flight.SLOT_BYTES])
+                for r in range(self.world_size)]
+
+    def _events(self) -> list:
+        return [s.get("events", 0) for s in self._slots()]
+
+    def _computing(self, pending: dict) -> bool:
+        """Whether an unfinished rank outside any call used the CPU since the last look: it is
+        computing (slowly, on a busy machine, or in an endless loop that the wall limit ends),
+        which is progress. A rank that sleeps or blocks outside a call uses none."""
+        slots, busy = self._slots(), False
+        for r in pending:
+            used = _cpu_seconds(self._procs[r].pid)
+            before, self._cpu[r] = self._cpu.get(r), used
+            if slots[r].get("state") != "in" and (used is None or before is None
+                                                  or used - before >= CPU_BUSY_S):
+                busy = True
+        return busy
+
+    def _relay_stderr(self, rank: int | None = None, echo: bool = True) -> str:
+        """What the ranks wrote to standard error since the last relay, passed on to this
+        process's (nothing a rank says is lost); returns it."""
+        from workbook.runtime.rank_death import read_new, stderr_file
+        said = []
+        for r in range(self.world_size) if rank is None else (rank,):
+            text, self._stderr_at[r] = read_new(stderr_file(self._evidence, r), self._stderr_at[r])
+            if text:
+                said.append(text)
+                if echo:
+                    sys.stderr.write(text)
+        if said and echo:
+            sys.stderr.flush()
+        return "".join(said)
+
+    def _death(self, rank: int) -> dict:
+        """The error record of a rank whose pipe closed: it died. Why, from its files."""
+        from workbook.runtime.rank_death import explain_death, fault_file, read_new, stderr_file
+        proc = self._procs[rank]
+        proc.join(2)                                   # reaped: its exit code is known
+        faults, _ = read_new(fault_file(self._evidence, rank), 0)
+        said, self._stderr_at[rank] = read_new(stderr_file(self._evidence, rank),
+                                               self._stderr_at[rank])   # told here, not relayed
+        message = explain_death(rank, proc.exitcode, faults, said, self._slots())
+        return {"rank": rank, "type": "RankFailed", "secondary": False, "message": message,
+                "traceback": "", "pickled": pickle.dumps(RankFailed(message))}
 
     def _recover(self, still_running: dict) -> None:
         """After a failure: fresh process groups in the same processes, or a closed pool."""
@@ -340,6 +465,8 @@ class RankPool:
                 p.join(5)
         for conn in self._conns:
             conn.close()
+        self._relay_stderr()
+        shutil.rmtree(self._evidence, ignore_errors=True)
         self._shm.close()
         try:
             self._shm.unlink()
@@ -353,6 +480,17 @@ class RankPool:
         self.close()
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """The CPU time process ``pid`` has used (Linux ``/proc``), or None where it cannot be read
+    (then a rank outside a call always counts as computing: only the wall limit ends it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _primary(errors: dict[int, dict]) -> dict:
     """The error that caused the others: the first that is not a peer's "connection closed"."""
     real = [e for e in errors.values() if not e["secondary"]]
@@ -361,6 +499,7 @@ def _primary(errors: dict[int, dict]) -> dict:
 
 def _reraise(err: dict, world_size: int) -> BaseException:
     exc = pickle.loads(err["pickled"]) if err.get("pickled") else RankFailed(
+        err["message"] if err["type"] == "RankFailed" else
         f"rank {err['rank']} raised {err['type']}: {err['message']}")
     exc.__cause__ = RemoteTraceback(err["traceback"]) if err["traceback"] else None
     try:
@@ -406,3 +545,16 @@ def close_shared_pools() -> None:
     for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
+
+
+def stop_fork_server() -> None:
+    """Close every pool and stop the fork server and wait for it, so that nothing this process
+    started is alive when it returns (``workbook run`` calls it before exiting). A later pool
+    starts a new fork server."""
+    close_shared_pools()
+    from multiprocessing import forkserver, resource_tracker
+    for server in (forkserver._forkserver, resource_tracker._resource_tracker):
+        try:                           # both are stopped by closing their pipe, then waited for
+            server._stop()
+        except (AttributeError, OSError, ChildProcessError):
+            pass
