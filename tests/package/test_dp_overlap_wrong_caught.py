@@ -2,7 +2,8 @@
 tests/grading/wrong/dp_overlap_*/ fails exactly the checks it should, with a message that teaches.
 
 * bucket_started_early: a bucket's all-reduce starts at its first gradient -> the bucketed
-  numerics, naming the bucket;
+  numerics, naming the bucket; the bucketed traffic and overlap earn nothing until the numbers
+  are right (numbers first: each names the numerics check to fix);
 * buckets_in_forward_order: buckets in order of use -> make_buckets, and the bucketed overlap
   test on structure (every bucket issued after the last gradient was ready);
 * gather_waited_at_once: each parameter all-gather waited on as it starts -> both ZeRO overlap
@@ -11,7 +12,10 @@ tests/grading/wrong/dp_overlap_*/ fails exactly the checks it should, with a mes
   ZeRO overlap tests, on the backward pass's hidden share (a late *wait* is not excused as a
   late peer: ``workbook.link`` learns when every peer finished even for gloo's reduce-scatter);
 * grad_averaged_twice: ZeRO divides by n twice -> the ZeRO-1/2 and ZeRO-3 numerics, naming 1/n;
-* shard_wrong_slice: ZeRO-1/2's Adam steps the next rank's slice -> the ZeRO-1/2 numerics;
+  numbers first, every ZeRO traffic and overlap check;
+* shard_wrong_slice: ZeRO-1/2's Adam steps the next rank's slice -> the ZeRO-1/2 numerics, and
+  numbers first, ZeRO-1's and ZeRO-2's traffic and ZeRO-2's overlap; ZeRO-3's, whose numbers
+  are right, keep their points (each variant waits on its own numbers only);
 * prediction_payload_bytes: the exposed tail predicted with payload bytes, not bus bytes ->
   the prediction test, naming the payload/bus-bytes term (caught at n = 4: equal at n = 2);
 * prediction_all_buckets: every bucket counted as exposed -> the prediction test, naming it.
@@ -32,11 +36,19 @@ BUCKETED = ("make_buckets", "bucketed_dp", "traffic_bucketed", "bucketed_all_red
 ZERO = ("zero_1_and_2", "zero3", "memory_per_rank", "traffic_zero1", "traffic_zero2",
         "traffic_zero3", "zero2_traffic_hidden", "zero3_gathers_hidden")
 NUMBERS = ["rank ", "ranks", "on the first step the optimizer read a gradient of"]
+NOT_GRADED = "not graded until the numbers are right"
+
+
+def refused(checks, numbers_check: str) -> dict:
+    """{check: the words of its refusal} for ``checks`` refused until ``numbers_check`` passes."""
+    return {c: [NOT_GRADED, f"fix {numbers_check} first"] for c in checks}
+
 
 # folder -> (checks run, {failing check (without [n]): words its message must contain})
 CASES = {
     "dp_overlap_bucket_started_early": (BUCKETED, {
-        "bucketed_dp": NUMBERS + ["BucketedDP", "before all of its gradients were accumulated"]}),
+        "bucketed_dp": NUMBERS + ["BucketedDP", "before all of its gradients were accumulated"],
+        **refused(("traffic_bucketed", "bucketed_all_reduce_hidden"), "bucketed_dp")}),
     "dp_overlap_buckets_in_forward_order": (BUCKETED, {
         "make_buckets": ["reverse order of use"],
         "bucketed_all_reduce_hidden": ["rank ", "issued only after the last gradient was ready",
@@ -50,10 +62,13 @@ CASES = {
     "dp_overlap_grad_averaged_twice": (ZERO, {
         "zero_1_and_2": NUMBERS + ["ShardedTrainer(stage=1)", "1/2 of the average",
                                    "divided by n twice"],
-        "zero3": NUMBERS + ["Zero3", "1/2 of the average", "divided by n twice"]}),
+        "zero3": NUMBERS + ["Zero3", "1/2 of the average", "divided by n twice"],
+        **refused(("traffic_zero1", "traffic_zero2", "zero2_traffic_hidden"), "zero_1_and_2"),
+        **refused(("traffic_zero3", "zero3_gathers_hidden"), "zero3")}),
     "dp_overlap_shard_wrong_slice": (ZERO, {
         "zero_1_and_2": ["rank ", "after 3 Adam steps", "though the first step's gradients were "
-                         "right", "flat.data[flat.shard]"]}),
+                         "right", "flat.data[flat.shard]"],
+        **refused(("traffic_zero1", "traffic_zero2", "zero2_traffic_hidden"), "zero_1_and_2")}),
     "dp_overlap_prediction_payload_bytes": (PREDICT, {
         "predict_exposed_ms": ["predict_exposed_ms on 4 ranks", "the model gives",
                                "used the payload bytes S", "2(n-1)/n x S bus bytes"]}),

@@ -10,6 +10,10 @@ tests/grading/wrong/pp_overlap_*/ fails exactly the checks it should, with a mes
 * deadlock_warmup: the warm-up counted from the wrong end -> the schedule test reports the
   deadlock on paper, naming what each stuck stage waits for. (The executor checks run the
   textbook schedules, so neither mistake costs the executor's points, nor hangs a rank.)
+* overlapped_loss_not_averaged: the overlapped executor's forward leaves each micro-batch's loss
+  undivided by m -> that executor's numerics (m times every gradient), and, numbers first, its
+  traffic and its overlap, though both are the reference's; the blocking executor's numbers and
+  traffic keep their points (each variant waits on its own numbers only);
 * prediction_no_latency: ``predict_step_ms`` leaves the link's latency out of each transfer ->
   the prediction test (instant), naming the latency as the term left out;
 * prediction_textbook_step: ``predict_step_ms`` gives the textbook step (m + p - 1)(t_f + t_b),
@@ -26,6 +30,7 @@ from wrong_labs import assert_fails_exactly
 
 OVERLAP = ("1f1b_overlapped", "traffic_overlapped", "steady_state_p2p_hidden")
 ONE_F_ONE_B = ("one_f_one_b_schedule", "1f1b_blocking", *OVERLAP)
+NOT_GRADED = "not graded until the numbers are right"
 
 # folder -> (checks run, {failing check (without [n]): words its message must contain})
 CASES = {
@@ -35,6 +40,11 @@ CASES = {
     "pp_overlap_receive_not_prefetched": (OVERLAP, {
         "steady_state_p2p_hidden": ["rank ", "receives were posted only when their data was "
                                     "needed", "one action ahead"]}),
+    "pp_overlap_overlapped_loss_not_averaged": (("1f1b_blocking", "traffic_blocking", *OVERLAP), {
+        "1f1b_overlapped": ["rank 0 (stage 0 of 2)", "1F1B (OverlappedExecutor)",
+                            "its loss divided by m"],
+        "traffic_overlapped": [NOT_GRADED, "fix 1f1b_overlapped first"],
+        "steady_state_p2p_hidden": [NOT_GRADED, "fix 1f1b_overlapped first"]}),
     "pp_overlap_microbatches_out_of_order": (ONE_F_ONE_B, {
         "one_f_one_b_schedule": ["one_f_one_b(p=", "expected B(0)", "in the order they entered"]}),
     "pp_overlap_deadlock_warmup": (ONE_F_ONE_B, {

@@ -17,7 +17,7 @@ from wrong_labs import assert_fails_exactly
 
 RING = ("ring_reduce_scatter", "ring_all_gather", "ring_all_reduce_matches_builtin",
         "ring_all_reduce_pattern")
-NOT_GRADED = "not graded while the results are wrong"
+NOT_GRADED = "not graded until the numbers are right"
 
 # folder -> (lab, checks run, {failing check: words its message must contain})
 CASES = {

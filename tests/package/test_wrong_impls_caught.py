@@ -17,7 +17,7 @@ CASES = {
         "test_ring_all_gather": ["rank ", "differs from the built-in at index", "expected"],
         "test_ring_all_reduce_matches_builtin": ["rank ", "ring_all_reduce(", "differs from the "
                                                  "built-in at index", "got"],
-        "test_ring_all_reduce_pattern": ["not graded while the results are wrong",
+        "test_ring_all_reduce_pattern": ["not graded until the numbers are right",
                                          "ring_all_reduce_matches_builtin"],
     }),
     "ring_uses_builtin": ("test_ring_allreduce.py", {
