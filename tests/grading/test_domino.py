@@ -237,17 +237,21 @@ def _compare(label, got_loss, got_h, m, got_xgrad, want, rank, world) -> None:
 
 
 def _numerics(kind: str) -> list[dict]:
-    """On every rank: each case of ``kind``; returns {label, error or None}."""
+    """On every rank: each case of ``kind``; returns {label, error or None}. The reference runs
+    on the CPU; the rank's stack and batch on its device (a GPU rank's collectives take no CPU
+    tensor)."""
     import torch.distributed as dist
-    lab = _lab()
+    from workbook.runtime import ranks
+    lab, dev = _lab(), ranks.device()
     rank, world = dist.get_rank(), dist.get_world_size()
     out = []
     g = torch.Generator().manual_seed(7)
     for style in ("gpt", "llama"):
         cfg = _small_cfg(style, world)
-        x = torch.randn(4, cfg.seq_len, cfg.hidden, generator=g, dtype=torch.float64)
-        targets = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len), generator=g)
-        want = reference_step(cfg, x, targets, step=3)
+        x_cpu = torch.randn(4, cfg.seq_len, cfg.hidden, generator=g, dtype=torch.float64)
+        targets_cpu = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len), generator=g)
+        want = reference_step(cfg, x_cpu, targets_cpu, step=3)
+        x, targets = x_cpu.to(dev), targets_cpu.to(dev)
         cases = []
         if kind == "domino":
             cases = [("vanilla_tp", 1, True), ("domino", 2, True), ("domino", 4, True),
@@ -262,7 +266,7 @@ def _numerics(kind: str) -> list[dict]:
                      f"(p={p}{'' if variant == 'column' else f', inter_layer={inter}'})") + \
                 f" on {style} blocks, TP={world}"
             try:
-                m = TPStack(cfg, rank, world)
+                m = TPStack(cfg, rank, world, device=dev)
                 if variant == "vanilla_tp":
                     xx = x.clone().requires_grad_()
                     loss, h = vanilla_tp_forward(m, xx, targets, step=3)
@@ -331,6 +335,7 @@ def _overlap(trace_dir: str) -> dict:
     import torch.distributed as dist
     from workbook import link, trace
     from workbook.model import ModelConfig
+    from workbook.runtime import ranks
     from workbook.trace.capture import rank_trace
     lab = _lab()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -338,8 +343,8 @@ def _overlap(trace_dir: str) -> dict:
     H = 2048                     # compute comfortably covers the modelled transfers
     cfg = ModelConfig(hidden=H, heads=16, ffn_hidden=4 * H, n_layers=2, seq_len=128,
                       vocab_size=2048, dtype="float32")
-    x, targets = inputs(cfg, 4)
-    m = TPStack(cfg, rank, world)
+    x, targets = inputs(cfg, 4)                                # on the rank's device
+    m = TPStack(cfg, rank, world, device=ranks.device())
     lab.train_step(m, x, targets, variant="domino", p=4, step=0)
     m.zero_grad()
     dist.barrier()

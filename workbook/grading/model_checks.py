@@ -10,6 +10,11 @@ their shard spec.
 
 Tolerances: fp64 rtol 1e-9 / atol 1e-12 (sums in another order differ by a few ulps); fp32
 rtol 1e-4 / atol 1e-6.
+
+Devices: ``randn`` and ``ints`` draw on the CPU, because the reference uses the same draws in the
+judging process (on a GPU rank too, under torchrun); the rank side moves its pieces to the rank's
+device (``dev``, ``workbook.runtime.ranks.device()``: a GPU rank's collectives take no CPU
+tensor), and ``to_cpu`` brings the results back before they are judged.
 """
 from __future__ import annotations
 

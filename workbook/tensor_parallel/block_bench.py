@@ -25,12 +25,17 @@ def add_model_arguments(parser, defaults: dict, variants, steps: int) -> None:
     parser.add_argument("--trace-dir", default=None, help="keep the traces here")
 
 
-def inputs(cfg, batch: int, seed: int = 0):
-    """``(x [batch, seq, hidden], targets [batch, seq])`` in the model's dtype, from ``seed``."""
-    import torch
+def inputs(cfg, batch: int, seed: int = 0, device=None):
+    """``(x [batch, seq, hidden], targets [batch, seq])`` in the model's dtype, from ``seed``, on
+    ``device``: by default this rank's (``workbook.runtime.ranks.device()``: ``cuda:N`` on GPU
+    ranks, whose collectives take no CPU tensor; ``cpu`` outside a rank). Drawn on the CPU, so
+    every device gets the same numbers."""
+    from workbook.runtime import ranks
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, cfg.seq_len, cfg.hidden, generator=g, dtype=cfg.torch_dtype)
-    return x, torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
+    targets = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
+    dev = ranks.device() if device is None else torch.device(device)
+    return x.to(dev), targets.to(dev)
 
 
 def fold_optimum(merged: dict) -> dict | None:

@@ -107,7 +107,7 @@ def _rank_bench(opts: dict, trace_root: str) -> dict:
                       n_layers=opts["layers"], seq_len=opts["seq"], vocab_size=opts["vocab"],
                       style=opts["style"], dtype="float32")
     dev = launch.device()
-    x, targets = (t.to(dev) for t in inputs(cfg, opts["batch"]))
+    x, targets = inputs(cfg, opts["batch"], device=dev)
     m = TPStack(cfg, rank, world, device=dev)
     gpu = dev.type == "cuda"
     out = {"rank": rank, "link": link.current_link().describe() if link.current_link() else None,

@@ -5,7 +5,8 @@
 * ``agrees``, ``registry_problem``, ``PretendWork``: is the learner's lab usable yet?
 
 A step of each variant: ``variant_step``; the link's calibration and a profiled step are every
-family's: ``workbook.measure``.
+family's: ``workbook.measure``. Each rank's model and batch sit on its device
+(``workbook.runtime.ranks.device()``): a GPU rank's collectives take no CPU tensor.
 """
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ def measure(impl, model: dict, batch: int, p: int, preset: str, run_dir: str,
 
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
+    from workbook.runtime import ranks
     from workbook.tensor_parallel.layer_stack import TPStack
     from workbook.trace.capture import rank_trace
     lab = load_lab("domino", impl)
     cfg = ModelConfig(**model)
-    x, targets = inputs(cfg, batch)
-    m = TPStack(cfg, dist.get_rank(), dist.get_world_size())
+    x, targets = inputs(cfg, batch, device=ranks.device())
+    m = TPStack(cfg, dist.get_rank(), dist.get_world_size(), device=ranks.device())
     out = {"local_flops": recalibrate(preset)}
     for traced in (False, True):
         for variant in variants:
@@ -64,13 +66,14 @@ def agrees(impl) -> str:
 
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
+    from workbook.runtime import ranks
     from workbook.tensor_parallel.layer_stack import TPStack
     lab = load_lab("domino", impl)
     cfg = ModelConfig(hidden=32, heads=4, ffn_hidden=64, n_layers=2, seq_len=8, vocab_size=32,
                       dropout=0.1, dtype="float64")
-    x, t = inputs(cfg, 8, seed=1)
+    x, t = inputs(cfg, 8, seed=1, device=ranks.device())
     try:
-        m = TPStack(cfg, dist.get_rank(), dist.get_world_size())
+        m = TPStack(cfg, dist.get_rank(), dist.get_world_size(), device=ranks.device())
         want = lab.train_step(m, x, t, variant="vanilla_tp")
         grads = {n: w.grad.clone() for n, w in m.params.items()}
         m.zero_grad()

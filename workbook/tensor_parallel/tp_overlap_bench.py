@@ -19,9 +19,10 @@ gradients (``sync_sequence_parallel_grads``, in the backward phase):
                      Domino's chunks with a registry that starts nothing (``domino_measure``).
 
 Measured as ``workbook bench domino`` measures: after a warm-up the ranks recalibrate the link
-(``domino_measure.recalibrate``); each step runs in ``rank_trace`` with ``record_function``
-ranges ``forward`` and ``backward``; variants take turns, step after step; medians over the
-steps, then the slowest rank (overlaps: the ranks' mean). Per variant:
+(``workbook.measure.calibration.recalibrate``); each step runs in ``rank_trace`` with
+``record_function`` ranges ``forward`` and ``backward``; variants take turns, step after step;
+medians over the steps, then the slowest rank (overlaps: the ranks' mean). Every rank's model
+and batch sit on its device (``model_on_rank``). Per variant:
 
 * ``step_ms``          wall time of one training step;
 * ``comm_ms``          modelled link time: how long the link was busy (the union of the ops'
@@ -93,32 +94,42 @@ def lab_step(lab, blocks, m, xs, targets, step: int = 0):
     return loss.detach()
 
 
-def _rank_bench(opts: dict, trace_root: str) -> dict:
+def model_on_rank(opts: dict, lab, device):
+    """This rank's model and batch for the benchmark, all on ``device`` (the rank's: a GPU rank's
+    collectives take no CPU tensor): ``(cfg, x, xs, targets, m, blocks)``: the batch ``x``
+    ``[B, S, H]`` and ``targets``, this rank's sequence shard ``xs`` ``[B, S/n, H]``, the
+    ``TPStack`` ``m`` (the head; Domino's stack), and per lab variant its ``OverlapBlock`` s
+    (``lab``: the tp_overlap lab, or None when no lab variant runs)."""
     from dataclasses import replace
 
-    from workbook import link
+    from workbook.model import ModelConfig
     from workbook.tensor_parallel import layer_stack
     from workbook.tensor_parallel.block_bench import inputs
+    from workbook.tensor_parallel.mappings import sequence_range
+    cfg = ModelConfig(hidden=opts["hidden"], heads=opts["heads"], ffn_hidden=opts["ffn"],
+                      n_layers=opts["layers"], seq_len=opts["seq"], vocab_size=opts["vocab"],
+                      style=opts["style"], dtype="float32")
+    x, targets = inputs(cfg, opts["batch"], device=device)
+    xs = x[:, slice(*sequence_range(cfg.seq_len))].contiguous()              # [B, S/n, H]
+    m = layer_stack.TPStack(cfg, dist.get_rank(), dist.get_world_size(), device=device)
+    blocks = {v: torch.nn.ModuleList(
+        lab.OverlapBlock(cfg, i, device, replace(lab.VARIANTS[v], chunks=opts["chunks"]))
+        for i in range(cfg.n_layers)) for v in opts["variants"] if v in LAB_VARIANTS}
+    return cfg, x, xs, targets, m, blocks
+
+
+def _rank_bench(opts: dict, trace_root: str) -> dict:
+    from workbook import link
     from workbook.measure.profiled_step import overlap_fields, profiled_step
     from workbook.measure.calibration import recalibrate
     from workbook.tensor_parallel.variant_step import training_step
     from workbook.grading.labs import load_lab
-    from workbook.model import ModelConfig
-    from workbook.tensor_parallel.mappings import sequence_range
     from workbook.runtime import ranks
     from workbook.trace.capture import hardware
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = ModelConfig(hidden=opts["hidden"], heads=opts["heads"], ffn_hidden=opts["ffn"],
-                      n_layers=opts["layers"], seq_len=opts["seq"], vocab_size=opts["vocab"],
-                      style=opts["style"], dtype="float32")
-    x, targets = inputs(cfg, opts["batch"])
-    xs = x[:, slice(*sequence_range(cfg.seq_len))].contiguous()              # [B, S/n, H]
-    m = layer_stack.TPStack(cfg, rank, world)
+    rank = dist.get_rank()
     lab = load_lab("tp_overlap", opts["impl"]) if set(LAB_VARIANTS) & set(opts["variants"]) else None
     domino = load_lab("domino", opts["impl"]) if {"domino", "no_comm"} & set(opts["variants"]) else None
-    blocks = {v: torch.nn.ModuleList(
-        lab.OverlapBlock(cfg, i, ranks.device(), replace(lab.VARIANTS[v], chunks=opts["chunks"]))
-        for i in range(cfg.n_layers)) for v in opts["variants"] if v in LAB_VARIANTS}
+    _, x, xs, targets, m, blocks = model_on_rank(opts, lab, ranks.device())
     variants = [v for v in opts["variants"] if v != "no_comm"]
     if "no_comm" in opts["variants"]:       # the optimum: the faster no-communication schedule
         variants += ["no_comm", "no_comm_domino"]
