@@ -243,3 +243,19 @@ def test_nothing_is_left_in_the_temp_dir_by_a_pool(tmp_path, monkeypatch):
     with RankPool(2, "gloo") as p:
         assert p.run(lambda: 1) == [1, 1]
     assert not list(tmp_path.iterdir())
+
+
+def test_a_simulated_link_check_under_an_nccl_torchrun_job_is_skipped_with_the_way_out():
+    """A simulated link is gloo's (its ranks are CPU ranks): in a torchrun job on NCCL such a
+    check is skipped with a message that says how to run it, never run with CPU tensors."""
+    class NcclJob:
+        backend = "nccl"
+
+        def run(self, *args, **kwargs):
+            raise AssertionError("must not run")
+    engine.STATE.job = NcclJob()
+    try:
+        with pytest.raises(engine.Skipped, match="--backend gloo"):
+            engine.on_ranks(2, abs, 1, link="dgx-h100")
+    finally:
+        engine.STATE.job = None

@@ -148,6 +148,10 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
     timeout = STATE.timeout or timeout
     try:
         if STATE.job is not None:
+            if link not in (None, "none") and getattr(STATE.job, "backend", "gloo") != "gloo":
+                raise Skipped(f"runs on the simulated {link} link, whose ranks are CPU ranks over "
+                              f"gloo; this torchrun job runs on {STATE.job.backend}: start it with "
+                              f"--backend gloo, or run it as `workbook run LAB`")
             value = STATE.job.run(n, fn, args, kwargs, link=link, timeout=timeout,
                                   wall=_within_deadline(None))
         else:

@@ -20,6 +20,8 @@ import os
 import socket
 import time
 
+from workbook.runtime.ranks import device
+
 
 def _where() -> dict:
     """Where this rank runs: torchrun's numbers, its network namespace, the interface and
@@ -30,7 +32,7 @@ def _where() -> dict:
     import torch
     import torch.distributed as dist
     from workbook import link
-    total = torch.tensor([dist.get_rank() + 1.0])
+    total = torch.tensor([dist.get_rank() + 1.0], device=device())
     dist.all_reduce(total)
     lk = link.current_link()                          # the simulated link saw the nodes too
     fabrics = list(lk.fabrics("all_reduce", range(dist.get_world_size()))) if lk else None
@@ -49,7 +51,7 @@ def _fail_or_hold(fail_rank: int | None) -> None:
     import torch
     import torch.distributed as dist
     while dist.get_rank() != fail_rank:
-        dist.all_reduce(torch.ones(1))
+        dist.all_reduce(torch.ones(1, device=device()))
         if fail_rank is not None:
             return
         time.sleep(0.05)
