@@ -11,7 +11,12 @@ Three small things every lesson needs, kept here so the notebooks stay prose and
 * ``check_your_work(lab)``: run ``workbook grade --lab LAB`` and show its score table in the
   notebook, whatever the score (an unfinished lab is not an error in a lesson). With the
   environment variable ``WORKBOOK_LESSONS_NO_GRADE=1`` (the notebook tests set it) it only
-  prints the command.
+  prints the command;
+* ``show_in(out, ...)`` and ``live_output(draw, controls)`` (from :mod:`workbook.trace.view`):
+  what a widget panel shows. A lesson never writes ``with out: display(...)``: under a headless
+  runner that capture can stall a cell for its whole timeout (docs/headless-lessons.md);
+* ``run_headless(nb, timeout)``: execute a lesson notebook in a fresh kernel with no front end,
+  as the notebook tests and ``tests/bench/lesson_stability.py`` do.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import subprocess
 import sys
 
 from workbook.runtime.launch import on_ranks  # noqa: F401 (the notebooks' way to run on ranks)
+from workbook.trace.view import live_output, show_in  # noqa: F401 (what a widget panel shows)
 
 ENV_NO_GRADE = "WORKBOOK_LESSONS_NO_GRADE"
 
@@ -87,3 +93,25 @@ def check_your_work(lab: str, impl: str = "labs", timeout: float = 600.0) -> int
     table = text[text.rfind("\n", 0, start) + 1:] if start >= 0 else text + proc.stderr[-3000:]
     print("\n".join(ln for ln in table.splitlines() if not ln.startswith("FAILED ")))
     return proc.returncode
+
+
+def run_headless(nb, timeout: float, path=None, **hooks):
+    """Execute the notebook ``nb`` (an nbformat node, changed in place) in a fresh ``python3``
+    kernel with nbclient, ``timeout`` seconds per cell; ``path``: the kernel's working folder;
+    ``hooks``: nbclient's ``on_cell_execute=`` etc. Raises nbclient's CellExecutionError naming
+    the failing cell. Returns the client (its ``widget_state`` holds what the widgets showed).
+
+    The client plays no Output widget: an ``ipywidgets.Output`` used as ``with out:`` (as
+    ``ipywidgets.interactive`` does) has its outputs filed with the cell's own, where the error
+    check sees them, instead of being mirrored into the widget. nbclient's stand-in for the
+    widget answers each captured output with a message on the shell channel while it waits
+    there for the cell's reply, and sometimes misses the reply: the cell then takes its whole
+    timeout (https://github.com/jupyter/nbclient/issues/312; docs/headless-lessons.md).
+    """
+    from nbclient import NotebookClient
+
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path)}} if path else {}, **hooks)
+    client.widget_registry = {}       # no stand-in for Output widgets (see above): nbclient#312
+    client.execute()
+    return client

@@ -12,14 +12,24 @@ line per check: passed checks together, each other check with its full message.
 
 Exit status: 0 every check passed; 1 a check failed or is not implemented yet; 2 a hang (the
 per-rank report is printed) or a usage error. A hang is declared after ``--timeout`` seconds
-of one run (60 by default); the process groups' own timeouts sit above it.
+of one run (60 by default); the process groups' own timeouts sit above it. A numeric option
+out of range is a usage error said in one line (``positive_seconds``, ``positive_count``).
+
+The figures' traces go to ``runs/LAB/selfcheck-<date>-<time>/`` in the course folder (a
+folder per variant where the report traces each apart), unless ``--trace-dir`` names a folder;
+the newest ``KEEP_TRACES`` self-checks of a lab are kept, older ones removed. Nothing is left in
+the temp dir.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
+import shutil
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from workbook.runtime.gpu import add_backend_argument
@@ -27,6 +37,7 @@ from workbook.grading.engine import (HANG, NOT_IMPLEMENTED, PASSED, SKIPPED, Ver
                                      run_checks)
 
 DEFAULT_TIMEOUT_S = 60.0
+KEEP_TRACES = 3                      # self-checks of one lab whose traces stay in runs/LAB
 EXIT_MEANING = {0: "every check passed", 1: "a check failed or is not implemented yet",
                 2: "a hang"}
 
@@ -98,7 +109,9 @@ def self_check(lab: str, *, impl: str = "labs", nproc: int | None = None,
 
 def _figures(lab, nproc, link, trace_dir, timeout, job, out) -> None:
     """The lab's own figures (``workbook.<family>.<lab>_report``, see ``workbook.measure``), when
-    it has them; never a verdict."""
+    it has them; never a verdict. Their traces go to ``trace_dir``, else to a fresh folder of
+    ``runs/LAB`` (``new_trace_dir``), named before the ranks start so that every rank writes to
+    the same one; rank 0 says where."""
     import importlib
 
     from workbook.grading.labs import lab_module
@@ -112,12 +125,18 @@ def _figures(lab, nproc, link, trace_dir, timeout, job, out) -> None:
     from workbook.grading import engine
     n = nproc or getattr(report, "WORLD_SIZE", 2)
     link = link if link != "none" else getattr(report, "LINK", "none")
-    if trace_dir:
-        trace_dir = str(Path(trace_dir).resolve())
+    try:
+        folder = Path(trace_dir).resolve() if trace_dir else new_trace_dir(lab, job)
+    except OSError as exc:                                 # a read-only course folder: no traces
+        out(f"  (figures without traces: {exc}; --trace-dir DIR writes them to DIR)")
+        folder = None
     engine.STATE.job = job
     try:
-        results = engine.on_ranks(n, report.run, trace_dir, link=link, timeout=timeout)
+        results = engine.on_ranks(n, report.run, folder and str(folder), link=link,
+                                  timeout=timeout)
     except Exception as exc:                               # noqa: BLE001 - figures are extra
+        if folder and not trace_dir and (job is None or job.local_rank == 0):
+            shutil.rmtree(folder, ignore_errors=True)      # no half-written run in runs/LAB
         first = engine.not_implemented_message(exc) or f"{type(exc).__name__}: {exc}"
         out(f"  figures skipped: {first.splitlines()[0] if first else ''}")
         return
@@ -126,11 +145,17 @@ def _figures(lab, nproc, link, trace_dir, timeout, job, out) -> None:
     out(report.describe(results))
     if link != "none":
         out(f"  (times on the simulated {link} link, not measured hardware)")
-    if trace_dir and (job is None or job.rank == 0):
+    folders = trace_folders(folder) if folder else []
+    if folder and not folders and not trace_dir and (job is None or job.local_rank == 0):
+        shutil.rmtree(folder, ignore_errors=True)          # a report that traces nothing
+    if folders and (job is None or job.rank == 0):
         from workbook.trace.report import write_report
-        for folder in trace_folders(trace_dir):
-            out(f"  traces: {folder}\n  trace report: "
-                f"{write_report(str(folder), folder / 'report.html')}")
+        for traces in folders:
+            out(f"  traces: {traces}\n  trace report: "
+                f"{write_report(str(traces), traces / 'report.html')}")
+        if not trace_dir:
+            out(f"  (runs/{lab} keeps the traces of the newest {KEEP_TRACES} self-checks; "
+                f"--trace-dir DIR writes them to DIR instead)")
 
 
 def trace_folders(trace_dir) -> list:
@@ -141,21 +166,113 @@ def trace_folders(trace_dir) -> list:
     return [d for d in candidates if any(d.glob("rank*.trace.json*"))]
 
 
+# --------------------------------------------------------------------------- where traces go
+SELFCHECK_PREFIX = "selfcheck-"
+
+
+def runs_folder(lab: str) -> Path:
+    """``runs/LAB`` in the course folder (``workbook.grading.labs.repo_root``: where ``labs/``
+    is found, and where ``workbook demo`` writes ``runs/demo``); git ignores ``runs/``."""
+    from workbook.grading.labs import repo_root
+    return repo_root() / "runs" / lab
+
+
+def new_trace_dir(lab: str, job=None, keep: int = KEEP_TRACES) -> Path:
+    """A fresh ``runs/LAB/selfcheck-<date>-<time>`` for one self-check's traces, made now; the
+    older self-checks' folders beyond the newest ``keep`` are removed.
+
+    Under torchrun (``job``: the ``JobRanks`` of this process) every rank calls this: rank 0
+    picks the name and posts it to the job's store, every rank reads it there (the ranks' clocks
+    need not agree on a second), and each node's local rank 0 makes the folder and prunes."""
+    runs = runs_folder(lab)
+    if job is None:
+        name = _fresh_name(runs)
+    else:
+        key = f"workbook/selfcheck-traces/{lab}"
+        if job.rank == 0:
+            job.store.set(key, _fresh_name(runs))
+        name = job.store.get(key).decode()
+    folder = runs / name
+    if job is None or job.local_rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        prune_trace_dirs(runs, keep)
+    return folder
+
+
+def _fresh_name(runs: Path) -> str:
+    """``selfcheck-YYYYmmdd-HHMMSS``, with ``-02``, ``-03``... when that second is taken: names
+    sort in time order."""
+    stamp = SELFCHECK_PREFIX + time.strftime("%Y%m%d-%H%M%S")
+    name, k = stamp, 1
+    while (runs / name).exists():
+        k += 1
+        name = f"{stamp}-{k:02d}"
+    return name
+
+
+def prune_trace_dirs(runs: Path, keep: int = KEEP_TRACES) -> list[Path]:
+    """Remove the ``selfcheck-*`` folders of ``runs`` but the newest ``keep`` (by name: the time
+    they were made); a folder of another name (a ``--trace-dir`` inside ``runs/``) stays.
+    Returns the folders removed."""
+    made = sorted(p for p in runs.glob(SELFCHECK_PREFIX + "*") if p.is_dir())
+    old = made[:-keep] if keep > 0 else made
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    return old
+
+
+# --------------------------------------------------------------------------- usage errors
+def positive_seconds(text: str) -> float:
+    """``argparse`` type of an option in seconds (``--timeout``): a finite number above 0.
+    Anything else is a usage error: ``--timeout must be a positive number of seconds, got -5``
+    (one line, with ``OneLineErrors``; argparse's own parser adds its usage above it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def positive_count(text: str) -> int:
+    """``argparse`` type of a count (``--nproc``): a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number, at least 1, got {text}")
+    return value
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit status 2:
+    ``python labs/tp.py: --timeout must be a positive number of seconds, got -5``
+    (``--help`` still prints the usage). Subparsers made by ``add_subparsers`` inherit it."""
+
+    def error(self, message: str):
+        message = re.sub(r"^argument ([^:]+): (must be .*)", r"\1 \2", message)
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
 # --------------------------------------------------------------------------- a lab's __main__
 def main(lab_file: str, argv=None) -> None:
     """``python labs/LAB.py`` and ``torchrun ... labs/LAB.py``: the self-check of that file."""
     from workbook.runtime.launch import under_torchrun
     path = Path(lab_file).resolve()
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog=f"python {path.parent.name}/{path.name}",
         description=f"Self-check of the {path.stem} lab: the grader's checks on this file. "
                     "Exit status 0 all passed, 1 a check failed or is not implemented, 2 a hang.")
-    parser.add_argument("--nproc", type=int, default=None,
+    parser.add_argument("--nproc", type=positive_count, default=None,
                         help="ranks (default: the grader's world sizes; ignored under torchrun)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+    parser.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                         help="seconds one run may take before it counts as a hang (default 60)")
     parser.add_argument("--link", default="none", help="simulated link preset for the figures")
-    parser.add_argument("--trace-dir", default=None, help="write the figures' traces here")
+    parser.add_argument("--trace-dir", default=None,
+                        help=f"write the figures' traces here (default: a new folder of runs/LAB, "
+                             f"which keeps the newest {KEEP_TRACES})")
     add_backend_argument(parser)
     args = parser.parse_args(argv)
     if args.backend:

@@ -67,7 +67,10 @@ def test_sim_run_summary_json_both_ranks_gz():
     out = trace.summary(SIM)
     r0, r1 = out["ranks"]
     assert set(r0) == {"rank", "file", "device", "step_us", "compute_us", "comm_us",
-                       "overlap_pct", "exposed_comm_us", "idle_us", "collectives"}
+                       "overlap_pct", "exposed_comm_us", "idle_us", "collectives", "steps"}
+    # each step's own figures beside their sum: 40 % and 50 %, not the 44.4 % of both
+    assert [(s["step"], s["label"], s["comm_us"], s["overlap_pct"]) for s in r0["steps"]] == [
+        (1, "forward", 500, 40.0), (2, "backward", 400, 50.0)]
     assert r0["rank"] == 0 and r0["device"] == "cpu"
     assert (r0["step_us"], r0["compute_us"], r0["comm_us"], r0["exposed_comm_us"],
             r0["idle_us"]) == (2000, 900, 900, 500, 600)

@@ -11,8 +11,9 @@ all-reduce of 256 KiB (a chain of matmuls, independent of the tensor in flight):
 Serial is at least compute + communication; perfect overlap is max(compute, communication)
 for one all-reduce, and for the pipeline the model of its schedule (``pipelined_step_s``): the
 "ideal" column.
-With ``trace_dir`` both overlapped runs are profiled and the share of communication hidden
-behind compute is read from each rank's trace.
+With ``trace_dir`` both overlapped runs are profiled, each a step of its own (``traced_step``:
+0 the overlapped all-reduce, 1 the pipeline), and the share of communication hidden behind
+compute is read from each rank's trace, step by step.
 
 * **your prediction**: ``predict_pipelined_ms`` for a pipeline of ``PREDICTED`` chunks through a
   real matmul layer on this link, beside the model (``pipelined_model_ms``, the package's own
@@ -27,6 +28,7 @@ WORLD_SIZE = 2
 LINK = "dgx-h100"
 ELEMENTS, CHUNKS = 1 << 16, 4
 PREDICTED = dict(chunks=4, rows=64, d_in=8192, d_out=1024)    # the predicted pipeline's shapes
+TRACED = ("overlapped one", "pipelined chunks")                # with trace_dir: step 0, step 1
 
 
 def pipelined_step_s(compute_s: float, comm_s: float, chunks: int) -> float:
@@ -106,20 +108,23 @@ def run(trace_dir=None, impl=None) -> dict:
         fn()
         times[name] = (time.perf_counter() - t0) * 1e3
     if trace_dir is not None:                             # the two overlapped runs, profiled
-        from workbook.trace.capture import rank_trace
+        from workbook.trace.capture import rank_trace, traced_step
         dist.barrier()
         with rank_trace(trace_dir, lab="async_overlap"):
-            runs["overlapped one"]()
-            runs["pipelined chunks"]()
+            for k, name in enumerate(TRACED):
+                with traced_step(k), torch.profiler.record_function(name):
+                    runs[name]()
     chunk_s = sim.op_time("all_reduce", ELEMENTS, n) if sim else 0.0      # a quarter of the bytes
     out = {"rank": rank, "link": sim.label if sim else None, "comm_ms": comm_s * 1e3,
            "chunk_comm_ms": chunk_s * 1e3,
            "compute_ms": busy_s * 1e3, "ms": times}
     if sim is not None:
         out["prediction"] = _prediction(lab, sim, n)
-    if trace_dir is not None and sim is not None and n > 1:
-        out["hidden_pct"] = trace.overlap_pct(
-            trace.load_trace(Path(trace_dir) / f"rank{rank}.trace.json"))
+    if trace_dir is not None:
+        out["trace_dir"] = str(trace_dir)
+        if sim is not None and n > 1:
+            t = trace.load_trace(Path(trace_dir) / f"rank{rank}.trace.json")
+            out["hidden_pct"] = {name: trace.overlap_pct(t, step=k) for k, name in enumerate(TRACED)}
     return out
 
 
@@ -180,10 +185,14 @@ def describe(results: list[dict]) -> str:
              f"{f'{CHUNKS} chunks':<16}{ms['serial chunks']:>10.1f}{ms['pipelined chunks']:>15.1f}"
              f"{pipelined_step_s(comp, first['chunk_comm_ms'], CHUNKS):>10.1f}"]
     if "hidden_pct" in first:
-        pct = ", ".join(f"rank {r['rank']}: {r['hidden_pct']:.0f}%" for r in results
-                        if r.get("hidden_pct") is not None)
-        lines.append(f"communication hidden behind compute (trace, both overlapped runs): {pct} "
-                     "(the last chunk's all-reduce has nothing left to hide behind)")
+        for name in TRACED:
+            pct = ", ".join(f"rank {r['rank']}: {r['hidden_pct'][name]:.0f}%" for r in results
+                            if r["hidden_pct"].get(name) is not None)
+            lines.append(f"communication hidden behind compute (trace), {name}: {pct or '-'}")
+        lines.append("  (the pipeline's last chunk's all-reduce has nothing left to hide behind)")
+    if first.get("trace_dir"):
+        from workbook.measure.output import steps_line
+        lines.append(steps_line(first["trace_dir"], TRACED))
     if first.get("prediction"):
         from workbook.grading.predictions import comparison_lines
         p = PREDICTED

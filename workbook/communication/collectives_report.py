@@ -11,7 +11,8 @@ makes. Per build:
 * **time**: the slowest rank's, fastest of ``ITERS``, beside the built-in doing the same job.
 
 With ``trace_dir`` each build runs once more under the profiler, in a ``record_function``
-range named after it.
+range named after it, each a step of its own (``traced_step``: ``workbook trace summary DIR
+--step N`` gives build N's figures alone).
 """
 from __future__ import annotations
 
@@ -70,11 +71,12 @@ def run(trace_dir=None, impl=None) -> dict:
             row[key] = best_time(fn, x.clone, ITERS)
         out["builds"][name] = row
     if trace_dir is not None:                             # each build once more, profiled
-        from workbook.trace.capture import rank_trace
+        from workbook.trace.capture import rank_trace, traced_step
         with rank_trace(trace_dir, lab="collectives"):
-            for name, (mine, _) in builds.items():
-                with torch.profiler.record_function(name):
+            for k, (name, (mine, _)) in enumerate(builds.items()):
+                with traced_step(k), torch.profiler.record_function(name):
                     mine(x.clone())
+        out["trace_dir"] = str(trace_dir)
     return out
 
 
@@ -93,4 +95,7 @@ def describe(results: list[dict]) -> str:
                      f"{max(r['builtin_s'] for r in rows) * 1e3:>12.2f}")
     lines.append("messages and MB sent: the busiest rank's sends (flight recorder); time: the "
                  f"slowest rank, fastest of {ITERS}")
+    if first.get("trace_dir"):
+        from workbook.measure.output import steps_line
+        lines.append(steps_line(first["trace_dir"], first["builds"]))
     return "\n".join(lines)

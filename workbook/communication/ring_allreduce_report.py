@@ -12,7 +12,8 @@ On a simulated link (``--link``) the alpha-beta model's ring and tree times are 
 them (the lab's ``ring_time`` / ``tree_time``, left out while they are stubs): the simulation,
 not measured hardware. With
 ``trace_dir`` one 1 MiB all-reduce of each runs under the profiler (``record_function``
-ranges "your ring" and "built-in").
+ranges "your ring" and "built-in"), each a step of its own (``traced_step``: 0 yours, 1 the
+built-in), so ``workbook trace summary DIR --step N`` and the trace report show each apart.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from workbook.measure.profiled_step import best_time
 WORLD_SIZE = 4
 SIZES = (64 << 10, 1 << 20, 8 << 20)            # bytes
 ITERS = 5
+TRACED = ("your ring", "built-in")                 # with trace_dir: step 0, step 1
 
 
 def _timed(fn, tensor) -> float:
@@ -53,15 +55,17 @@ def run(trace_dir=None, impl=None) -> dict:
                 row.pop("model_ring_s", None)
         rows.append(row)
     if trace_dir is not None:                             # 1 MiB, profiled: yours, then the built-in
-        from workbook.trace.capture import rank_trace
+        from workbook.trace.capture import rank_trace, traced_step
         x = torch.ones((1 << 20) // 4, device=dev)
         with rank_trace(trace_dir, lab="ring_allreduce"):
-            for name, fn in (("your ring", lab.ring_all_reduce), ("built-in", dist.all_reduce)):
-                with torch.profiler.record_function(name):
+            for k, (name, fn) in enumerate(zip(TRACED, (lab.ring_all_reduce, dist.all_reduce))):
+                dist.barrier()                            # between the steps: in neither
+                with traced_step(k), torch.profiler.record_function(name):
                     fn(x.clone())
     backend = "gloo" if link.is_link_backend(dist.get_backend()) else dist.get_backend()
     return {"rank": dist.get_rank(), "world_size": n, "backend": backend,
-            "link": sim.label if sim else None, "rows": rows}
+            "link": sim.label if sim else None, "rows": rows,
+            "trace_dir": None if trace_dir is None else str(trace_dir)}
 
 
 def describe(results: list[dict]) -> str:
@@ -83,4 +87,7 @@ def describe(results: list[dict]) -> str:
     lines.append(f"busbw = algbw * 2(n-1)/n (nccl-tests); time: the slowest rank, fastest of {ITERS}"
                  + ("; model: the lab's ring_time / tree_time on the simulated link"
                     if "model_ring_s" in first["rows"][0] else ""))
+    if first.get("trace_dir"):
+        from workbook.measure.output import steps_line
+        lines.append(steps_line(first["trace_dir"], (f"{name} (1 MiB)" for name in TRACED)))
     return "\n".join(lines)

@@ -23,7 +23,7 @@ backward) on each split, after a warm-up step:
 from __future__ import annotations
 
 from workbook.grading.predictions import comparison_lines
-from workbook.measure.output import where_measured
+from workbook.measure.output import traces_line, where_measured
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
@@ -135,10 +135,8 @@ def _step_attention_ms(lab, layout, q, k, v, rank: int) -> list[float]:
 
 
 def run(trace_dir=None, impl=None) -> dict:
-    import tempfile
     import time
     from contextlib import nullcontext
-    from pathlib import Path
 
     import torch
     import torch.distributed as dist
@@ -147,6 +145,7 @@ def run(trace_dir=None, impl=None) -> dict:
     from workbook import link, trace
     from workbook.context_parallel import contiguous_layout
     from workbook.measure.calibration import recalibrate
+    from workbook.measure.profiled_step import trace_folder
     from workbook.grading.labs import load_lab
     from workbook.runtime import ranks
     from workbook.trace.capture import rank_trace
@@ -160,8 +159,7 @@ def run(trace_dir=None, impl=None) -> dict:
         recalibrate()                                 # the matmul rate now
     lk = link.current_link()
     hop_bytes = 2 * q.numel() * q.element_size()
-    root = Path(trace_dir or tempfile.mkdtemp(prefix="cp_ring-report-"))
-    out = {"rank": rank, "link": lk.label if lk else None, "trace_dir": str(root),
+    out = {"rank": rank, "link": lk.label if lk else None, "trace_dir": trace_dir and str(trace_dir),
            "hop_bytes": hop_bytes, "hop_ms": lk.op_time("send", hop_bytes, n) * 1e3 if lk else 0.0,
            "splits": {}}
 
@@ -175,21 +173,22 @@ def run(trace_dir=None, impl=None) -> dict:
             y.backward(do)
         return (time.perf_counter() - t0) * 1e3
 
-    for split, layout in layouts.items():
-        warm_ms = step(layout, False)                 # warm-up
-        row = out["splits"][split] = {
-            "work": layout.causal_work(), "chunks": layout.chunks,
-            "step_attention_ms": _step_attention_ms(lab, layout, q, k, v, rank)}
-        before = len(link.op_log())
-        with rank_trace(root / split, lab="cp_ring"):
-            row["step_ms"] = min(warm_ms, step(layout, True))     # the less disturbed of the two
-        row["link_ms"] = sum(r.link_ns for r in link.op_log()[before:] if r.op != "barrier") / 1e6
-        t = trace.load_trace(root / split / f"rank{rank}.trace.json")
-        for phase in ("forward", "backward"):
-            o = trace.overlap(t, within=phase)
-            row[f"{phase}_pct"] = o.overlap_pct_ex_skew
-            row[f"{phase}_exposed_ms"] = (o.exposed_comm_us - o.skew_us) / 1e3
-            row["exposed_ms"] = row.get("exposed_ms", 0.0) + row[f"{phase}_exposed_ms"]
+    with trace_folder(trace_dir, "cp_ring") as root:          # None: a temporary one
+        for split, layout in layouts.items():
+            warm_ms = step(layout, False)                 # warm-up
+            row = out["splits"][split] = {
+                "work": layout.causal_work(), "chunks": layout.chunks,
+                "step_attention_ms": _step_attention_ms(lab, layout, q, k, v, rank)}
+            before = len(link.op_log())
+            with rank_trace(root / split, lab="cp_ring"):
+                row["step_ms"] = min(warm_ms, step(layout, True))     # the less disturbed of the two
+            row["link_ms"] = sum(r.link_ns for r in link.op_log()[before:] if r.op != "barrier") / 1e6
+            t = trace.load_trace(root / split / f"rank{rank}.trace.json")
+            for phase in ("forward", "backward"):
+                o = trace.overlap(t, within=phase)
+                row[f"{phase}_pct"] = o.overlap_pct_ex_skew
+                row[f"{phase}_exposed_ms"] = (o.exposed_comm_us - o.skew_us) / 1e3
+                row["exposed_ms"] = row.get("exposed_ms", 0.0) + row[f"{phase}_exposed_ms"]
     out["prediction"] = _prediction(lab, lk, n, q.dtype, q.element_size())
     return out
 
@@ -232,8 +231,9 @@ def describe(results: list[dict]) -> str:
             steps.append(f"step {t}: {ms}")
         lines.append(f"  {split:<10} " + " | ".join(steps))
     lines.append("step ms: the slower rank's forward + backward; exposed: what nothing hid (the "
-                 "backward's last dK/dV hop has nothing to hide behind); hidden %: the lower rank's"
-                 f"; traces: {first['trace_dir']}/SPLIT")
+                 "backward's last dK/dV hop has nothing to hide behind); hidden %: the lower rank's")
+    if first.get("trace_dir"):
+        lines.append(traces_line(first["trace_dir"], SPLITS, "split"))
     pred = first.get("prediction") or {}
     measured = max(r["splits"]["zigzag"].get("forward_exposed_ms", 0.0) for r in results)
     lines.append("your prediction (predict_forward_exposed_ms), the model and the trace "

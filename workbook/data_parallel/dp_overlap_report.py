@@ -26,7 +26,7 @@ links and several bucket sizes, ``workbook bench dp_overlap``.
 """
 from __future__ import annotations
 
-from workbook.measure.output import where_measured
+from workbook.measure.output import traces_line, where_measured
 
 TAIL_WHAT = "BucketedDP's exposed communication per step"
 TAIL_TERMS = ("one latency alpha per all-reduce; 2(n-1)/n x S bus bytes over the bandwidth for "
@@ -39,15 +39,12 @@ VARIANTS = ("naive", "bucketed", "zero1", "zero2", "zero3")
 
 
 def run(trace_dir=None, impl=None) -> dict:
-    import tempfile
-    from pathlib import Path
-
     import torch.distributed as dist
 
     from workbook import link
     from workbook.data_parallel.dp_overlap_bench import STAGE, predict, drain, make_trainer, step_figures
     from workbook.data_parallel import memory_by_kind, predicted_memory
-    from workbook.measure.profiled_step import profiled_step
+    from workbook.measure.profiled_step import profiled_step, trace_folder
     from workbook.measure.calibration import recalibrate
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig, make_batch
@@ -67,25 +64,25 @@ def run(trace_dir=None, impl=None) -> dict:
     if preset:
         recalibrate(preset)                            # the matmul rate now
     units = [sum(p.numel() for p in u.parameters()) for u in trainers["no_comm"].units]
-    root = Path(trace_dir or tempfile.mkdtemp(prefix="dp_overlap-report-"))
     out = {"rank": rank, "link": link.current_link().label if link.current_link() else None,
-           "trace_dir": str(root), "variants": {}}
-    for v in order:
-        tr = trainers[v]
-        ms, ops, t = profiled_step(lambda: (tr.train_step(*batch, 1), drain(tr)), root / v, rank,
-                                   "dp_overlap")
-        row = out["variants"][v] = step_figures(t, ops, ms)
-        if v != "no_comm":
-            nc = out["variants"]["no_comm"]
-            row["predicted"] = predict(v, tr, cfg, ROWS, nc["fwd_compute_ms"] / 1e3,
-                                        nc["bwd_compute_ms"] / 1e3)[0] if preset else {}
-            row["memory"] = memory_by_kind(tr)
-            row["memorypredicted"] = predicted_memory(units, n, STAGE[v], 4)
-        if v == "bucketed" and preset:            # the prediction task: yours, the model's
-            sizes, first = tail_buckets([b.params for b in tr.buckets], tr.units[0].parameters())
-            out["tail"] = {"predicted": _predicted_tail(lab, tr, n),
-                           "model": exposed_tail(link.current_link(), sizes, first, n)[0],
-                           "buckets": sum(f > 0 for f in first)}
+           "trace_dir": trace_dir and str(trace_dir), "variants": {}}
+    with trace_folder(trace_dir, "dp_overlap") as root:     # None: a temporary one
+        for v in order:
+            tr = trainers[v]
+            ms, ops, t = profiled_step(lambda: (tr.train_step(*batch, 1), drain(tr)), root / v, rank,
+                                       "dp_overlap")
+            row = out["variants"][v] = step_figures(t, ops, ms)
+            if v != "no_comm":
+                nc = out["variants"]["no_comm"]
+                row["predicted"] = predict(v, tr, cfg, ROWS, nc["fwd_compute_ms"] / 1e3,
+                                            nc["bwd_compute_ms"] / 1e3)[0] if preset else {}
+                row["memory"] = memory_by_kind(tr)
+                row["memorypredicted"] = predicted_memory(units, n, STAGE[v], 4)
+            if v == "bucketed" and preset:            # the prediction task: yours, the model's
+                sizes, first = tail_buckets([b.params for b in tr.buckets], tr.units[0].parameters())
+                out["tail"] = {"predicted": _predicted_tail(lab, tr, n),
+                               "model": exposed_tail(link.current_link(), sizes, first, n)[0],
+                               "buckets": sum(f > 0 for f in first)}
     return out
 
 
@@ -183,6 +180,7 @@ def describe(results: list[dict]) -> str:
     nc = max(r["variants"]["no_comm"]["step_ms"] for r in results)
     lines += [f"no communication: {nc:.0f} ms a step (the optimum). link ms: the link busy; exposed: "
               "what nothing hid; hidden %: of each pass's link time, the slower rank",
-              f"traces: {first['trace_dir']}/VARIANT; medians, both links, bucket sizes: "
-              "workbook bench dp_overlap"]
+              "medians, both links, bucket sizes: workbook bench dp_overlap"]
+    if first.get("trace_dir"):
+        lines.append(traces_line(first["trace_dir"], ("no_comm", *VARIANTS), "variant"))
     return "\n".join(lines)

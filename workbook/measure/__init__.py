@@ -9,7 +9,9 @@ A lab's *report* (``workbook.<family>.<lab>_report``) says what a finished lab d
 hidden communication, activation memory, predictions. It has
 
 * ``run(trace_dir=None)``: runs on every rank (``trace_dir``: a folder for the profiler traces,
-  or ``None``); imports the implementation being checked with
+  or ``None``: then a report that reads traces keeps them in a temporary folder it removes,
+  ``profiled_step.trace_folder``; several builds in one file are steps, ``traced_step``);
+  imports the implementation being checked with
   ``workbook.grading.labs.load_lab("<lab>")`` and returns this rank's figures (plain data);
 * ``describe(results) -> str``: the figures of every rank (``results[r]`` is rank r's), as text;
 * optionally ``WORLD_SIZE`` (default 2) and ``LINK`` (default ``"none"``): the ranks and the

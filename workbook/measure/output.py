@@ -45,3 +45,20 @@ def save_outputs(result: dict, json_path=None, html_path=None, make_figure=None)
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             write(Path(path))
+
+
+def traces_line(trace_dir, parts=(), what: str = "variant") -> str:
+    """Where a report's traces are: ``traces: DIR`` and, for a report that traces each of
+    ``parts`` apart, ``(a folder per variant: naive, bucketed, ...)``. Real paths only: a
+    report whose traces were temporary (no ``trace_dir``) prints no such line."""
+    where = f"traces: {trace_dir}"
+    return f"{where} (a folder per {what}: {', '.join(parts)})" if parts else where
+
+
+def steps_line(trace_dir, steps) -> str:
+    """Where a report's traces are when one file holds several builds, each a step of its own
+    (``workbook.trace.capture.traced_step``): ``traces: DIR (a step per build: 0 vanilla TP,
+    1 Domino; workbook trace summary DIR --step N)``."""
+    named = ", ".join(f"{k} {s}" for k, s in enumerate(steps))
+    return (f"traces: {trace_dir} (a step per build: {named}; "
+            f"workbook trace summary DIR --step N)")

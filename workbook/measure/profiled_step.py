@@ -1,11 +1,31 @@
 """One step, measured: its wall time, the link ops it issued and its profiler trace, then what
 the trace says of it (exposed communication, the hidden share of each pass), and the timing of
 a step in named phases. What every family's benchmarks and reports share.
+
+Where the traces go: ``trace_folder(trace_dir, lab)`` is the folder the caller named (kept), or,
+with ``trace_dir=None``, a temporary one removed when the block ends: a report that reads its own
+traces leaves nothing in the temp dir. Two builds (two variants) traced into one file are told
+apart as steps: ``workbook.trace.capture.traced_step(n)`` marks each one ``ProfilerStep#n``, the
+marker ``workbook trace summary --step n`` and the trace report cut a trace at.
 """
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
+
+
+@contextmanager
+def trace_folder(trace_dir, lab: str):
+    """The folder (a ``Path``) the enclosed profiled steps write their traces to: ``trace_dir``
+    when given, else a temporary folder removed with what it holds when the block ends (read the
+    traces inside the block)."""
+    if trace_dir is not None:
+        yield Path(trace_dir)
+        return
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix=f"{lab}-report-") as tmp:
+        yield Path(tmp)
 
 
 def profiled_step(step, tdir, rank: int, lab: str):

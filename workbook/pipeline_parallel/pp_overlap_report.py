@@ -34,7 +34,7 @@ activation) and the measured step of ``1f1b_overlap``, on the simulated link
 """
 from __future__ import annotations
 
-from workbook.measure.output import where_measured
+from workbook.measure.output import traces_line, where_measured
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
@@ -43,16 +43,13 @@ VARIANTS = ("gpipe", "1f1b", "1f1b_overlap")
 
 
 def run(trace_dir=None, impl=None) -> dict:
-    import tempfile
-    from pathlib import Path
-
     import torch
     import torch.distributed as dist
 
     from workbook import link
     from workbook.pipeline_parallel.pp_overlap_bench import (all_schedules, make_runner, model_config, stage_actions,
                                            step_figures)
-    from workbook.measure.profiled_step import profiled_step
+    from workbook.measure.profiled_step import profiled_step, trace_folder
     from workbook.measure.calibration import recalibrate
     from workbook.grading.labs import load_lab
     from workbook.model import make_batch
@@ -72,18 +69,18 @@ def run(trace_dir=None, impl=None) -> dict:
         recalibrate(preset)                              # the matmul rate now
     lk = link.current_link()
     act_bytes = 4 * torch.Size(activation_shape(cfg, ROWS)).numel()
-    root = Path(trace_dir or tempfile.mkdtemp(prefix="pp_overlap-report-"))
-    out = {"rank": rank, "link": lk.label if lk else None, "trace_dir": str(root),
+    out = {"rank": rank, "link": lk.label if lk else None, "trace_dir": trace_dir and str(trace_dir),
            "layers": cfg.n_layers, "activation_bytes": act_bytes, "link_model": lk,
            "activation_shape": tuple(activation_shape(cfg, ROWS)), "itemsize": 4,
            "t_p2p_ms": lk.op_time("send", act_bytes, n) * 1e3 if lk else 0.0,
            "schedules": {v: all_schedules(lab, v, n, M) for v in order} if rank == 0 else None,
            "variants": {}}
-    for v in order:
-        link.set_link(None if v == "no_comm" else lk)
-        ms, ops, t = profiled_step(lambda: runners[v].step(tokens, targets, actions[v]), root / v,
-                                   rank, "pp_overlap")
-        out["variants"][v] = step_figures(t, ops, ms, actions[v], comm=v != "no_comm")
+    with trace_folder(trace_dir, "pp_overlap") as root:       # None: a temporary one
+        for v in order:
+            link.set_link(None if v == "no_comm" else lk)
+            ms, ops, t = profiled_step(lambda: runners[v].step(tokens, targets, actions[v]), root / v,
+                                       rank, "pp_overlap")
+            out["variants"][v] = step_figures(t, ops, ms, actions[v], comm=v != "no_comm")
     link.set_link(lk)
     return out
 
@@ -198,7 +195,8 @@ def describe(results: list[dict]) -> str:
     lines += [f"book: (p-1)/(m+p-1); simulate assumes sends that never block (the blocking variants' "
               f"figure is their schedule with overlapped p2p); non-interleaved 1F1B can hide at most "
               f"about {_fmt(ceiling['steady_pct'])}% of its steady-state p2p time (simulate)",
-              f"traces: {first['trace_dir']}/VARIANT; medians, both links, other shapes: "
-              "workbook bench pp_overlap"]
+              "medians, both links, other shapes: workbook bench pp_overlap"]
+    if first.get("trace_dir"):
+        lines.append(traces_line(first["trace_dir"], ("no_comm", *VARIANTS), "variant"))
     lines += prediction_lines(results, t_fwd, t_bwd, rows["1f1b_overlap"]["step_ms"])
     return "\n".join(lines)

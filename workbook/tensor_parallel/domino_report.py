@@ -17,15 +17,15 @@ with Domino (p = 4 batch chunks, intra- and inter-layer overlap):
   and the measurement (the profiled step's exposed communication, mean over ranks, not counting
   the time a late peer held it up); an unwritten prediction or schedule shows ``-``.
 
-The profiled steps go into one trace per rank, inside ``record_function`` ranges
-``"vanilla TP step"`` and ``"Domino step"``, so the trace report shows them side by side.
+The profiled steps go into one trace per rank, each a step of its own (``traced_step``:
+``ProfilerStep#0`` vanilla TP, ``ProfilerStep#1`` Domino) around ``record_function`` ranges
+``"vanilla TP step"`` and ``"Domino step"``: ``workbook trace summary DIR --step 1`` gives
+Domino's figures alone, and the trace report draws where one step ends and the next begins.
+The **step hidden (HTA)** column is the whole step's figure, the one ``--step N`` reads.
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
@@ -40,10 +40,11 @@ def run(trace_dir=None, impl=None) -> dict:
     from workbook import link, trace
     from workbook.tensor_parallel.block_bench import inputs
     from workbook.measure.calibration import recalibrate
+    from workbook.measure.profiled_step import trace_folder
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
     from workbook.tensor_parallel.layer_stack import TPStack, vanilla_tp_forward
-    from workbook.trace.capture import rank_trace
+    from workbook.trace.capture import rank_trace, traced_step
     lab = load_lab("domino", impl)
     rank, world = dist.get_rank(), dist.get_world_size()
     local_flops = recalibrate()
@@ -75,21 +76,22 @@ def run(trace_dir=None, impl=None) -> dict:
             if k:
                 times[variant].append((time.perf_counter() - t0) * 1e3)
     out = {"rank": rank, "link": link.current_link().label if link.current_link() else "no link model",
-           "step_ms": {v: min(t) for v, t in times.items()}, "traced": bool(trace_dir)}
-    folder = Path(trace_dir or tempfile.mkdtemp(prefix="domino-report-"))
-    dist.barrier()
-    with rank_trace(folder, lab="domino"):
-        for variant in STEPS_NAMED:
-            dist.barrier()
-            step(variant, STEPS + 1)
-    t = trace.load_trace(folder / f"rank{rank}.trace.json")
-    for variant, name in STEPS_NAMED.items():
-        for phase in ("forward", "backward"):
-            o = trace.overlap(t, within=f"{name} {phase}")
-            out[f"{variant}_{phase}"] = {"comm_ms": o.comm_us / 1e3, "hidden_ms": o.overlap_us / 1e3,
-                                         "skew_ms": o.skew_us / 1e3}
-    if not trace_dir:
-        shutil.rmtree(folder, ignore_errors=True)
+           "step_ms": {v: min(t) for v, t in times.items()},
+           "trace_dir": trace_dir and str(trace_dir)}
+    with trace_folder(trace_dir, "domino") as folder:          # None: a temporary one
+        dist.barrier()
+        with rank_trace(folder, lab="domino"):
+            for k, variant in enumerate(STEPS_NAMED):              # ProfilerStep#k: one build
+                dist.barrier()                                     # between steps: in neither
+                with traced_step(k):
+                    step(variant, STEPS + 1)
+        t = trace.load_trace(folder / f"rank{rank}.trace.json")
+        for variant, name in STEPS_NAMED.items():
+            for phase in ("forward", "backward", "step"):
+                o = trace.overlap(t, within=f"{name} {phase}")
+                out[f"{variant}_{phase}"] = {"comm_ms": o.comm_us / 1e3,
+                                             "hidden_ms": o.overlap_us / 1e3,
+                                             "skew_ms": o.skew_us / 1e3}
     out["prediction"] = _prediction(lab, link.current_link(), world)
     out["local_flops"] = local_flops
     return out
@@ -155,21 +157,22 @@ def describe(results: list[dict]) -> str:
              f"{BATCH} x {SEQ}, fp32, Domino p={P}; "
              + where_measured(first["link"]),
              f"{'':<12}{'step ms':>9}{'fwd hidden (HTA)':>18}{'fwd w/o skew':>14}"
-             f"{'bwd hidden (HTA)':>18}{'bwd w/o skew':>14}"]
+             f"{'bwd hidden (HTA)':>18}{'bwd w/o skew':>14}{'step hidden (HTA)':>19}"]
     for v, name in STEPS_NAMED.items():
         lines.append(f"{name:<12}{slow[v]:>9.0f}{_pct(results, f'{v}_forward', False):>18}"
                      f"{_pct(results, f'{v}_forward', True):>14}"
                      f"{_pct(results, f'{v}_backward', False):>18}"
-                     f"{_pct(results, f'{v}_backward', True):>14}")
+                     f"{_pct(results, f'{v}_backward', True):>14}"
+                     f"{_pct(results, f'{v}_step', False):>19}")
     comm = max(r["vanilla_tp_forward"]["comm_ms"] + r["vanilla_tp_backward"]["comm_ms"]
                for r in results)
     lines.append(f"speed-up of Domino over vanilla TP: {slow['vanilla_tp'] / slow['domino']:.2f}x "
                  f"(step time, slowest rank, fastest of {STEPS}; vanilla TP spends {comm:.0f} ms "
                  f"per step in all-reduces; simulated, not measured hardware)")
-    lines.append("hidden %: share of the pass's all-reduce time the ranks computed through; "
-                 "w/o skew also counts the time a late peer held it up")
+    lines.append("hidden %: share of the pass's (the step's) all-reduce time the ranks computed "
+                 "through, all ranks together; w/o skew also counts the time a late peer held it up")
     lines += _prediction_lines(results)
-    if first["traced"]:
-        lines.append("the trace holds both steps: record_function ranges 'vanilla TP step' and "
-                     "'Domino step' (forward and backward inside)")
+    if first.get("trace_dir"):
+        from workbook.measure.output import steps_line
+        lines.append(steps_line(first["trace_dir"], STEPS_NAMED.values()))
     return "\n".join(lines)

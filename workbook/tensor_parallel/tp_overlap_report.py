@@ -26,10 +26,14 @@ outlasts, one whose GEMM hides it), the exposed communication the learner predic
 and the exposed time measured in the trace of the learner's own ring (the slower rank, skew
 excused), with plain SP's all-gather beside it. The model is exact arithmetic on the schedule;
 the measurement has launch costs, copies, rank skew and a loaded CPU in it.
+
+The rings and the variants are traced into one file per rank, each a step of its own
+(``traced_step``: 0 the rings, then the variants in ``VARIANTS`` order), so that
+``workbook trace summary DIR --step N`` and the trace report give each build its own figures.
 """
 from __future__ import annotations
 
-from workbook.measure.output import where_measured
+from workbook.measure.output import steps_line, where_measured
 
 WORLD_SIZE = 2
 LINK = "dgx-h100"
@@ -115,7 +119,6 @@ def _attempt(fn, errors=(Exception,)):
 
 
 def run(trace_dir=None, impl=None) -> dict:
-    import tempfile
     from contextlib import nullcontext
 
     import torch
@@ -124,11 +127,12 @@ def run(trace_dir=None, impl=None) -> dict:
 
     from workbook import link, trace
     from workbook.measure.calibration import recalibrate
+    from workbook.measure.profiled_step import trace_folder
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
     from workbook.runtime import ranks
     from workbook.tensor_parallel.sequence_parallel import all_gather_sequence
-    from workbook.trace.capture import rank_trace
+    from workbook.trace.capture import rank_trace, traced_step
     lab = load_lab("tp_overlap", impl)
     rank, n, dev = dist.get_rank(), dist.get_world_size(), ranks.device()
     recalibrate()
@@ -181,32 +185,37 @@ def run(trace_dir=None, impl=None) -> dict:
     if not (ring_ok or blocks_ok):
         raise NotImplementedError("not implemented yet: tp_overlap.ring_all_gather_matmul and "
                                   "tp_overlap.OverlapBlock (no figures to show)")
-    run_dir = trace_dir or tempfile.mkdtemp(prefix="tp_overlap-report-")
-    with rank_trace(run_dir, lab="tp_overlap"):
-        if ring_ok:
-            rings(traced=True)
-        for v in VARIANTS if blocks_ok else ():
-            dist.barrier()
-            before = len(link.op_log())
-            step(v, traced=True)
-            ops = [r for r in link.op_log()[before:] if r.op != "barrier"]
-            out["variants"][v] = {"ops": sorted({r.op for r in ops})}
-    t = trace.load_trace(f"{run_dir}/rank{rank}.trace.json")
+    steps = (["rings"] if ring_ok else []) + (list(VARIANTS) if blocks_ok else [])
+    out["steps"], out["trace_dir"] = steps, trace_dir and str(trace_dir)
+    with trace_folder(trace_dir, "tp_overlap") as run_dir:    # None: a temporary one
+        with rank_trace(run_dir, lab="tp_overlap"):             # one step per build (traced_step)
+            for k, part in enumerate(steps):
+                dist.barrier()
+                if part == "rings":
+                    with traced_step(k):
+                        rings(traced=True)
+                    continue
+                before = len(link.op_log())
+                with traced_step(k):
+                    step(part, traced=True)
+                ops = [r for r in link.op_log()[before:] if r.op != "barrier"]
+                out["variants"][part] = {"ops": sorted({r.op for r in ops})}
+        t = trace.load_trace(run_dir / f"rank{rank}.trace.json")
 
-    def exposed_ms(within):
-        o = trace.overlap(t, within=within)
-        return (o.exposed_comm_us - o.skew_us) / 1e3
-    for o in RING_OUTS:
-        ring = out["rings"][o]
-        ring["measured"] = exposed_ms(f"ring out={o}") if ring_ok else None
-        ring["sp_measured"] = exposed_ms(f"sp out={o}") if ring_ok else None
-    for v in out["variants"]:
-        row = out["variants"][v]
-        for phase in ("forward", "backward"):
-            o = trace.overlap(t, within=f"{v} {phase}")
-            row[f"{phase}_pct"] = o.overlap_pct_ex_skew
-            row["link_ms"] = row.get("link_ms", 0.0) + o.comm_us / 1e3
-            row["exposed_ms"] = row.get("exposed_ms", 0.0) + (o.exposed_comm_us - o.skew_us) / 1e3
+        def exposed_ms(within):
+            o = trace.overlap(t, within=within)
+            return (o.exposed_comm_us - o.skew_us) / 1e3
+        for o in RING_OUTS:
+            ring = out["rings"][o]
+            ring["measured"] = exposed_ms(f"ring out={o}") if ring_ok else None
+            ring["sp_measured"] = exposed_ms(f"sp out={o}") if ring_ok else None
+        for v in out["variants"]:
+            row = out["variants"][v]
+            for phase in ("forward", "backward"):
+                o = trace.overlap(t, within=f"{v} {phase}")
+                row[f"{phase}_pct"] = o.overlap_pct_ex_skew
+                row["link_ms"] = row.get("link_ms", 0.0) + o.comm_us / 1e3
+                row["exposed_ms"] = row.get("exposed_ms", 0.0) + (o.exposed_comm_us - o.skew_us) / 1e3
     return out
 
 
@@ -237,8 +246,9 @@ def describe(results: list[dict]) -> str:
     first = results[0]
     lines = [f"tp_overlap figures on {len(results)} ranks; {where_measured(first['link'])}",
              *prediction_lines(results), ""]
+    traced = [steps_line(first["trace_dir"], first["steps"])] if first.get("trace_dir") else []
     if not first["variants"]:
-        return "\n".join(lines + ["(no OverlapBlock figures: the blocks do not run yet)"])
+        return "\n".join(lines + ["(no OverlapBlock figures: the blocks do not run yet)", *traced])
     lines += [f"one OverlapBlock (GPT, hidden {HIDDEN}, {BATCH}x{SEQ} tokens, fp32):",
               f"{'variant':<16}{'link ms':>9}{'exposed':>9}{'fwd hid%':>10}{'bwd hid%':>10}  ops"]
     for v in VARIANTS:
@@ -250,4 +260,4 @@ def describe(results: list[dict]) -> str:
     lines.append("link ms: the link busy (a ring step's send and receive count once); exposed: "
                  "what nothing hid; hidden %: of each pass's link time, rank skew excused; the "
                  "slower rank. Step times: workbook bench tp_overlap")
-    return "\n".join(lines)
+    return "\n".join(lines + traced)

@@ -33,17 +33,27 @@ which the compute thread was waiting) and *M* the union of memory copies
 
 Steps
 -----
-``ProfilerStep#N`` ranges (written by ``prof.step()``) cut a trace into
-steps.  Each event belongs to the step in which it *started* -- on a GPU, the
-step in which the host *launched* it (found through the CUDA correlation id),
-because kernels run later than their launch.  A step's window runs from the
-earlier of its marker's start and its first event to the later of its
-marker's end and its last event's end, so an asynchronous collective that
-spills into the next iteration is still counted once, in the step that
-issued it.  Without markers the whole trace is one step.
+``ProfilerStep#N`` ranges (written by ``prof.step()``, or by
+:func:`workbook.trace.capture.traced_step` around each build of a comparison)
+cut a trace into steps.  Each event belongs to the step in which it *started*
+-- on a GPU, the step in which the host *launched* it (found through the CUDA
+correlation id), because kernels run later than their launch.  A step's window
+runs from the earlier of its marker's start and its first event to the later
+of its marker's end and its last event's end, so an asynchronous collective
+that spills into the next iteration is still counted once, in the step that
+issued it.  An event that started outside every marker (before the first,
+after the last, or in a gap between two: the barrier that lines the ranks up
+between two traced builds) belongs to no step.  Without markers the whole
+trace is one step.
+
+Each step has a *label*: the names of the outermost user ranges that start
+inside its marker (``"vanilla TP step"``), what the summary and the report
+print beside its number.
 
 The per-rank numbers of :func:`analyse` add up the selected steps (all of
-them by default).
+them by default); ``RankMetrics.steps`` keeps each step's own, which is what a
+trace holding two different builds needs: their sum averages two schedules
+into a figure that is neither's.
 
 Phases
 ------
@@ -62,8 +72,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import intervals as iv
-from .classify import (COMM, COMPUTE, LATE, MEMCPY, STEP, WAIT, classify, collective_of,
-                       is_phase_range, tracks_with)
+from .classify import (CAPTURE_MARKERS, COMM, COMPUTE, LATE, MEMCPY, STEP, WAIT, classify,
+                       collective_of, is_phase_range, tracks_with)
 from .load import Trace, TraceError, as_run
 
 
@@ -106,6 +116,16 @@ class StepMetrics(Metrics):
     step: int = 0           # N of ProfilerStep#N (0 when the trace has no markers)
     start_us: float = 0.0   # window, relative to the trace's origin
     end_us: float = 0.0
+    label: str = ""         # the outermost user ranges inside the step ("Domino step")
+
+    def as_dict(self) -> dict:
+        """One step's record in ``workbook trace summary --json`` (``"steps"`` of a rank)."""
+        return {"step": self.step, "label": self.label, "step_us": _r(self.step_us),
+                "compute_us": _r(self.compute_us), "comm_us": _r(self.comm_us),
+                "overlap_us": _r(self.overlap_us),
+                "overlap_pct": None if self.overlap_pct is None else _r(self.overlap_pct),
+                "exposed_comm_us": _r(self.exposed_comm_us), "skew_us": _r(self.skew_us),
+                "idle_us": _r(self.idle_us)}
 
 
 @dataclass
@@ -122,7 +142,8 @@ class RankMetrics(Metrics):
                 "comm_us": _r(self.comm_us),
                 "overlap_pct": None if self.overlap_pct is None else _r(self.overlap_pct),
                 "exposed_comm_us": _r(self.exposed_comm_us), "idle_us": _r(self.idle_us),
-                "collectives": {k: dict(v) for k, v in sorted(self.collectives.items())}}
+                "collectives": {k: dict(v) for k, v in sorted(self.collectives.items())},
+                "steps": [s.as_dict() for s in self.steps]}
 
 
 def _r(x: float) -> float:
@@ -180,14 +201,48 @@ def step_ranges(trace: Trace) -> list[tuple[int, float, float]]:
 
 
 def _step_of_events(trace: Trace, steps) -> np.ndarray:
-    """Index into ``steps`` of the step each event belongs to (-1: none)."""
+    """Index into ``steps`` of the step each event belongs to (-1: none: it started outside
+    every marker, see the module docstring)."""
     a = anchor_times(trace)
-    if len(steps) == 1 and steps[0][0] == 0:
+    if len(steps) == 1 and steps[0][0] == 0 and not (classify(trace) == STEP).any():
         return np.zeros(len(trace), dtype=np.int64)
     starts = np.array([s for _, s, _ in steps])
+    ends = np.array([e for _, _, e in steps])
     k = np.searchsorted(starts, a, side="right") - 1
-    k[(k == len(steps) - 1) & (a > steps[-1][2])] = -1
+    inside = k >= 0
+    inside[inside] = a[inside] <= ends[k[inside]]
+    k[~inside] = -1
     return k
+
+
+_MAX_LABEL_NAMES = 3     # range names in a step's label, then "..."
+
+
+def step_labels(trace: Trace, steps=None) -> list[str]:
+    """Each step's label: the names of the outermost host-side user ranges that start inside
+    its marker (the whole trace without markers), in time order, each once."""
+    steps = step_ranges(trace) if steps is None else steps
+    user = is_phase_range(trace) & (trace.cat_id != (trace.cats.index("gpu_user_annotation")
+                                                    if "gpu_user_annotation" in trace.cats else -1))
+    marker = np.array([n in CAPTURE_MARKERS for n in trace.names] or [False], bool)
+    idx = np.flatnonzero(user & ~marker[trace.name_id])
+    idx = idx[np.lexsort((-trace.end[idx], trace.ts[idx]))]          # by start, outer first
+    starts = trace.ts[idx]
+    out = []
+    for _, s0, s1 in steps:
+        names, reach = [], -np.inf
+        lo, hi = np.searchsorted(starts, s0, "left"), np.searchsorted(starts, s1, "left")
+        for i in idx[lo:hi].tolist():
+            if trace.ts[i] >= reach:                                  # not inside an earlier one
+                reach = trace.end[i]
+                name = trace.names[trace.name_id[i]]
+                if name not in names:
+                    names.append(name)
+                if len(names) > _MAX_LABEL_NAMES:
+                    break
+        more = ", ..." if len(names) > _MAX_LABEL_NAMES else ""
+        out.append(", ".join(names[:_MAX_LABEL_NAMES]) + more)
+    return out
 
 
 def phase_ranges(trace: Trace, within: str) -> tuple[iv.Intervals, bool]:
@@ -286,6 +341,7 @@ def step_metrics(trace: Trace) -> list[StepMetrics]:
     steps = step_ranges(trace)
     which = _step_of_events(trace, steps)
     useful = np.isin(kinds, (COMPUTE, COMM, MEMCPY, WAIT))
+    labels = step_labels(trace, steps)
     out = []
     for k, (n, s0, s1) in enumerate(steps):
         sel = useful & (which == k)
@@ -294,7 +350,7 @@ def step_metrics(trace: Trace) -> list[StepMetrics]:
         # late-peer spans count in the step they start in, but do not widen it
         m = _metrics(trace, sel | ((kinds == LATE) & (which == k)), (lo, hi))
         out.append(StepMetrics(**{f: getattr(m, f) for f in Metrics.__dataclass_fields__},
-                               step=n, start_us=lo, end_us=hi))
+                               step=n, start_us=lo, end_us=hi, label=labels[k]))
     trace._steps = out
     return out
 

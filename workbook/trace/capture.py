@@ -18,6 +18,18 @@ counted apart from the communication itself (``Metrics.skew_us``).
 
 Clocks: the profiler stamps events with its own clock, the link with ``time.perf_counter_ns``.
 A marker range recorded at a known ``perf_counter_ns`` ties the two together.
+
+Steps: a trace that holds two builds of a comparison (vanilla TP, then Domino) marks each as a
+step of its own with ``traced_step(n)``, a ``ProfilerStep#n`` range (what ``prof.step()``
+records under a profiler schedule), so that the analysis gives each build its own figures
+(``workbook trace summary --step n``) instead of averaging them, and the report draws the split::
+
+    with rank_trace(run_dir, lab="domino"):
+        with traced_step(0), record_function("vanilla TP step"):
+            ...
+        dist.barrier()                    # between two steps: part of neither
+        with traced_step(1), record_function("Domino step"):
+            ...
 """
 from __future__ import annotations
 
@@ -41,7 +53,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from workbook import link
 from workbook.runtime import ranks
-from workbook.trace.classify import CAPTURE_MARKERS
+from workbook.trace.classify import CAPTURE_MARKERS, STEP_PREFIX
 
 # empty ranges the analysis sets aside (classify.CAPTURE_MARKERS): not the rank's compute
 WARMUP_MARKER, SYNC_MARKER = CAPTURE_MARKERS
@@ -87,6 +99,15 @@ def run_metadata(lab: str, run_id: str) -> dict:
             "backend": "gloo" if link.is_link_backend(backend) else backend,
             "link": lk.describe() if lk else {"preset": "none", "simulated": False},
             "hardware": hardware(), "torch": torch.__version__, "created": time.time()}
+
+
+@contextmanager
+def traced_step(n: int):
+    """Mark the enclosed code as step ``n`` of the trace being captured: a ``ProfilerStep#n``
+    range (``workbook.trace.classify``'s step marker). Number the builds of a comparison in the
+    order they run; code between two steps belongs to neither (see the module docstring)."""
+    with record_function(f"{STEP_PREFIX}{n}"):
+        yield
 
 
 #: The thread on which the late-peer spans are drawn.

@@ -61,6 +61,8 @@ COMPUTE, COMM, MEMCPY, WAIT, STEP, HOST, OTHER, RANGE, LATE = range(9)
 KINDS = ("compute", "communication", "memcpy", "wait", "step", "host", "other", "range",
          "late peer")
 
+#: The name of a step marker, ``ProfilerStep#N`` (``prof.step()``, ``capture.traced_step``).
+STEP_PREFIX = "ProfilerStep#"
 #: The ranges ``capture.rank_trace`` records for itself (profiler warm-up, clock sync).
 CAPTURE_MARKERS = ("workbook_warmup", "workbook_clock_sync")
 _WAIT_PREFIXES = ("link_wait:", "c10d::", "nccl:", "record_param_comms")
@@ -201,7 +203,7 @@ def _rule(name: str, cat: str, on_link: bool, gpu: bool, link: bool) -> int:
         return MEMCPY
     if cat == "gpu_user_annotation":
         return OTHER
-    if name.startswith("ProfilerStep#"):
+    if name.startswith(STEP_PREFIX):
         return STEP
     if name in CAPTURE_MARKERS:
         return OTHER
@@ -216,7 +218,7 @@ def is_phase_range(trace: Trace) -> np.ndarray:
     """Boolean mask of the user ``record_function`` ranges usable as phases
     (not step markers, not gloo/link spans, not waits)."""
     user = np.isin(trace.cat_id, [i for i, c in enumerate(trace.cats) if c in _USER_CATS])
-    bad = np.array([n.startswith(("ProfilerStep#", "gloo:") + _WAIT_PREFIXES) for n in trace.names]
+    bad = np.array([n.startswith((STEP_PREFIX, "gloo:") + _WAIT_PREFIXES) for n in trace.names]
                    or [False], dtype=bool)
     return user & ~bad[trace.name_id]
 

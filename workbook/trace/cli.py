@@ -1,7 +1,8 @@
 """The ``workbook trace`` commands.
 
 ``workbook trace summary PATH... [--json] [--step N]``
-    per-rank metrics of trace files or run directories;
+    per-rank metrics of trace files or run directories, and each step's own when a trace has
+    several (``ProfilerStep#N`` markers: two builds of a comparison traced into one file);
 ``workbook trace report RUN_DIR -o report.html``
     the standalone HTML report;
 ``workbook trace merge RUN_DIR -o merged.json``
@@ -71,14 +72,42 @@ def cmd_summary(args) -> int:
         rows.append((str(r["rank"]), r["device"], _fmt(r["step_us"]), _fmt(r["compute_us"]),
                      _fmt(r["comm_us"]), _fmt(r["overlap_pct"], True), _fmt(r["exposed_comm_us"]),
                      _fmt(r["idle_us"])))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    for row in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+    _print_table(rows)
+    if any(len(r["steps"]) > 1 for r in result["ranks"]):
+        _print_steps(result["ranks"])
     for r in result["ranks"]:
         parts = [f"{n} ×{c['count']} ({'? B' if c['bytes'] is None else format(c['bytes'], ',') + ' B'})"
                  for n, c in r["collectives"].items()]
         print(f"rank {r['rank']} collectives: " + (", ".join(parts) if parts else "none"))
     return 0
+
+
+def _print_table(rows, left=()) -> None:
+    """Columns right-aligned, but those numbered in ``left``."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) if i in left else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+
+
+_MAX_STEP_ROWS = 12      # steps listed per rank; --json has them all
+
+
+def _print_steps(ranks) -> None:
+    """One row per rank and step: a trace of several steps (two builds of a comparison, each
+    its own step) has a figure per step; the sum above mixes them."""
+    print("each step (the sum above mixes them; --step N for one):")
+    rows = [("rank", "step", "label", "step", "compute", "comm", "overlap %", "exposed", "idle")]
+    more = 0
+    for r in ranks:
+        for st in r["steps"][:_MAX_STEP_ROWS]:
+            rows.append((str(r["rank"]), str(st["step"]), st["label"] or "-", _fmt(st["step_us"]),
+                         _fmt(st["compute_us"]), _fmt(st["comm_us"]), _fmt(st["overlap_pct"], True),
+                         _fmt(st["exposed_comm_us"]), _fmt(st["idle_us"])))
+        more += max(0, len(r["steps"]) - _MAX_STEP_ROWS)
+    _print_table(rows, left=(2,))
+    if more:
+        print(f"({more} more rank-steps not listed: --json has them all)")
 
 
 def _write_from_run(write, args, note: str = "") -> int:
@@ -114,7 +143,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     s = sub.add_parser("summary", help="per-rank compute/communication/overlap metrics")
     s.add_argument("paths", nargs="+", metavar="PATH", help="trace files or run directories")
     s.add_argument("--json", action="store_true", help="print JSON")
-    s.add_argument("--step", type=int, default=None, help="only ProfilerStep#STEP")
+    s.add_argument("--step", type=int, default=None,
+                   help="only ProfilerStep#STEP (the summary lists each trace's steps)")
     s.set_defaults(func=cmd_summary)
     r = sub.add_parser("report", help="standalone HTML report of a run")
     r.add_argument("run_dir", metavar="RUN_DIR")

@@ -8,9 +8,11 @@ grade.  It shows
   on the workbook's modelled interconnect, the hardware's name otherwise
   (taken from the ``run.json`` written beside the traces);
 * the per-rank metrics (step, compute, communication, overlap, exposed
-  communication, wait, idle);
+  communication, wait, idle), and, when the run has several steps (``ProfilerStep#N``: two
+  builds of a comparison traced into one file), each step's own, which the sum would average;
 * the collectives each rank ran, with their count and bytes, and the ranges that issued them;
-* the timeline of :func:`workbook.trace.view.timeline_figure`.
+* the timeline of :func:`workbook.trace.view.timeline_figure`, a dashed line where each step
+  begins.
 
 Very large traces would make a very large page, so above ``max_events``
 drawable spans the timeline shows a single step (the middle one) and says so.
@@ -28,7 +30,7 @@ from . import intervals as iv
 from .analyse import analyse, anchor_times, step_metrics
 from .classify import COMM, COMPUTE, LATE, MEMCPY, WAIT, classify, collective_of, is_phase_range
 from .load import as_run
-from .view import metrics_table_html, timeline_figure
+from .view import metrics_table_html, steps_table_html, timeline_figure
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -113,6 +115,13 @@ def write_report(run_dir_or_traces, out_html, max_events: int = 200_000) -> Path
     meta = run.meta
     title = f"Trace report — {meta.get('lab', '')} {meta.get('run_id', '')}".strip(" —")
     nsteps = len(step_metrics(run.traces[0]))
+    per_step = ""
+    if any(len(step_metrics(t)) > 1 for t in run.traces):
+        per_step = f"""<h2>Each step</h2>
+<p>The run has several steps (<code>ProfilerStep#N</code>): the table above sums them, which
+averages different builds into a figure that is neither's. Here each step has its own; the
+timeline marks where each begins. <code>workbook trace summary RUN_DIR --step N</code> prints one.</p>
+{steps_table_html(run)}"""
     facts = [f"ranks: {len(run)}", f"steps: {nsteps}"]
     for k in ("backend", "torch"):
         if meta.get(k):
@@ -131,7 +140,7 @@ Late-peer time is the total of the yellow <i>link: peers late</i> spans (an op's
 transfer was over, a peer had not issued it yet); the column after it is the part of the exposed
 communication that fell inside those spans, which is 0 when the rank waited out each op before
 issuing the next one. Hover over a column's header for its definition.</p>
-{metrics_table_html(run)}
+{metrics_table_html(run)}{per_step}
 <h2>Collectives</h2>
 <p>Every collective call counted once per rank, on the track that carried it (the simulated
 link; gloo's own thread without a link; the NCCL kernel on a GPU), with the bytes the trace

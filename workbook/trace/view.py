@@ -14,8 +14,27 @@ are drawn: a thread with no compute, communication, memory-copy, wait or
 late-peer span (gloo's ``pt_gloo_runloop`` threads on the simulated link, whose
 spans are the real transfer underneath the modelled one) gets no row.
 
+A trace of several steps (``ProfilerStep#N``: two builds of a comparison traced into one file,
+or the iterations of a training loop) gets a dashed line where each step begins, labelled with
+its number and the ranges it holds, and :func:`steps_table_html` gives each step its own row.
+
 The explorer redraws through :func:`live_output` (an output area redrawn when
-a control changes), which the lessons use for their own interactive figures.
+a control changes), which the lessons use for their own interactive figures;
+:func:`show_in` puts figures and text in an output area.
+
+Why :func:`show_in` and not ``with out: display(fig)``
+------------------------------------------------------
+Inside ``with out:`` an ``ipywidgets.Output`` *captures*: it tells the front end
+"the outputs of this request are mine", and the front end files them in the widget
+and sends the widget's new state back to the kernel.  A headless runner (nbclient,
+used by the notebook tests, ``pytest --nbmake``, ``jupyter nbconvert --execute``,
+papermill) plays that front end, and the message it sends back on the shell
+channel, while it is waiting on that very channel for the cell's reply,
+sometimes makes it miss the reply: the cell then finishes only when the per-cell
+timeout runs out (https://github.com/jupyter/nbclient/issues/312; measured in
+docs/headless-lessons.md).  :func:`show_in` writes the area's content directly
+(its ``outputs`` state, as ``Output.append_display_data`` does), so nothing is
+captured and no runner has anything to send back; JupyterLab shows the same.
 
 Drawing many spans
 ------------------
@@ -34,6 +53,7 @@ the minimum font size, so narrow bars stay clean.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from html import escape as html_escape
 
 import numpy as np
 
@@ -160,9 +180,40 @@ def timeline_figure(traces, ranks=None, step=None, t0: float | None = None,
                    autorange="reversed"),
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
         margin=dict(l=10, r=10, t=70, b=40))
+    if step is None:
+        _draw_step_splits(fig, chosen, zero)
     if t0 is not None or t1 is not None:
         fig.update_xaxes(range=[t0, t1])
     return fig
+
+
+_MAX_SPLITS = 50         # beyond this many steps the timeline draws no step lines
+
+
+def step_splits(traces, zero: float = 0.0) -> list[tuple[float, int, str]]:
+    """``(x, N, label)`` where each step begins, on the timeline's axis (µs from ``zero``, on
+    the profiler's clock): the earliest rank's start of ``ProfilerStep#N``; ``[]`` for a trace
+    of one step."""
+    first: dict[int, tuple[float, str]] = {}
+    for t in traces:
+        for s in step_metrics(t):
+            x = t.origin_us + s.start_us - zero
+            if s.step not in first or x < first[s.step][0]:
+                first[s.step] = (x, s.label or first.get(s.step, (0, ""))[1])
+    if len(first) < 2:
+        return []
+    return sorted((x, n, label) for n, (x, label) in first.items())
+
+
+def _draw_step_splits(fig, traces, zero: float) -> None:
+    """A dashed line where each step begins, labelled ``step N: label``."""
+    splits = step_splits(traces, zero)
+    if len(splits) > _MAX_SPLITS:
+        return
+    for x, n, label in splits:
+        fig.add_vline(x=x, line_dash="dash", line_color="#555", line_width=1,
+                      annotation_text=f"step {n}" + (f": {label}" if label else ""),
+                      annotation_position="top right", annotation_font_size=10)
 
 
 # Label colour inside each kind's bars: white on the dark colours, black on the light ones.
@@ -229,6 +280,24 @@ def metrics_table_html(traces, step=None, ranks=None) -> str:
     return f"<table class='wb-metrics'><tr>{head}</tr>{''.join(rows)}</table>"
 
 
+def steps_table_html(traces, ranks=None) -> str:
+    """An HTML table with one row per rank and step (used by the report when a trace has several
+    steps): each step's own overlap, where the per-rank table sums them."""
+    run = as_run(traces)
+    rows = []
+    for t in run.traces:
+        if ranks is not None and t.rank not in ranks:
+            continue
+        for s in step_metrics(t):
+            pct = "–" if s.overlap_pct is None else f"{s.overlap_pct:.1f}"
+            cells = (t.rank, s.step, html_escape(s.label) or "–", f"{s.step_us:,.1f}",
+                     f"{s.compute_us:,.1f}", f"{s.comm_us:,.1f}", pct, f"{s.exposed_comm_us:,.1f}",
+                     f"{s.skew_us:,.1f}", f"{s.idle_us:,.1f}")
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th title='{tip}'>{h}</th>" for h, tip in STEP_COLUMNS)
+    return f"<table class='wb-steps'><tr>{head}</tr>{''.join(rows)}</table>"
+
+
 #: The metrics table's columns: (header, what it means -- the header's tooltip).
 METRIC_COLUMNS = (
     ("rank", "rank"), ("device", "where the time was measured"),
@@ -243,6 +312,16 @@ METRIC_COLUMNS = (
                                               "inside a late-peer span (skew_us)"),
     ("wait µs", "the compute thread blocked on a collective"),
     ("idle µs", "nothing running on the rank"),
+)
+
+
+#: The steps table's columns.
+STEP_COLUMNS = (
+    ("rank", "rank"), ("step", "N of ProfilerStep#N"),
+    ("ranges", "the outermost record_function ranges inside the step"),
+    *(c for c in METRIC_COLUMNS if c[0] in ("step µs", "compute µs", "comm µs", "overlap %",
+                                             "exposed comm µs",
+                                             "exposed comm while a peer was late µs", "idle µs")),
 )
 
 
@@ -278,22 +357,52 @@ def live_output(draw, controls):
     """A notebook output area that shows ``draw()`` and draws it again whenever
     one of the ``controls`` (ipywidgets: sliders, pickers) changes value.
 
-    ``draw`` takes no argument and returns what to display (a plotly figure);
-    it reads the controls' ``.value`` itself.  Returns the ``ipywidgets.Output``
-    to place in a layout, e.g. ``W.VBox([W.HBox(controls), out])``.
+    ``draw`` takes no argument and returns what to display (a plotly figure, a
+    string, or a tuple of them, shown in order: see :func:`show_in`); it reads the
+    controls' ``.value`` itself.  Returns the ``ipywidgets.Output`` to place in a
+    layout, e.g. ``W.VBox([W.HBox(controls), out])``.
     """
     import ipywidgets as W
-    from IPython.display import display
 
     out = W.Output()
 
     def redraw(_change=None):
         shown = draw()
-        out.clear_output(wait=True)
-        with out:
-            display(shown)
+        show_in(out, *(shown if isinstance(shown, tuple) else (shown,)))
 
     for control in controls:
         control.observe(redraw, names="value")
     redraw()
     return out
+
+
+def show_in(out, *items) -> None:
+    """Replace what the output area ``out`` (an ``ipywidgets.Output``) shows by ``items``.
+
+    A string is shown as printed text, anything else as ``display(item)`` would
+    show it (a plotly figure, a DataFrame, HTML); ``None`` is skipped.  The area
+    changes in one step, with no flicker.  Use it instead of ``with out:
+    display(...)``, which stalls headless runs (the module's docstring says why)::
+
+        show_in(out, f"total: {ms:.1f} ms", fig)
+    """
+    out.outputs = tuple(_output(item) for item in items if item is not None)
+
+
+def _output(item) -> dict:
+    """One item as a notebook output (nbformat's dict): a stream for text, else display data."""
+    if isinstance(item, str):
+        return {"output_type": "stream", "name": "stdout",
+                "text": item if item.endswith("\n") else item + "\n"}
+    if hasattr(item, "_repr_mimebundle_"):
+        # plotly: the very bundle display(fig) publishes (the same renderers build it); a
+        # figure also has _ipython_display_, which IPython's formatter would call, and that
+        # would print the figure into the cell instead of returning it
+        bundle = item._repr_mimebundle_(include=None, exclude=None)
+        data, metadata = bundle if isinstance(bundle, tuple) else (bundle, {})
+    else:
+        from IPython.core.interactiveshell import InteractiveShell
+        data, metadata = InteractiveShell.instance().display_formatter.format(item)
+    if not data:                # e.g. plotly rendering to a browser outside Jupyter: say what it is
+        data, metadata = {"text/plain": repr(item)}, {}
+    return {"output_type": "display_data", "data": data, "metadata": metadata or {}}
