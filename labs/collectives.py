@@ -71,8 +71,9 @@ def wait_all(works) -> None:
 
 
 def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
-        else torch.device("cpu")
+    """This rank's device: where its tensors live, and every tensor it hands a collective."""
+    from workbook.runtime.ranks import device
+    return device()
 
 
 # --------------------------------------------------------------------------- part 1: use them

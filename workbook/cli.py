@@ -24,6 +24,7 @@ from pathlib import Path
 
 from workbook.grading.labs import LABS, impl_dir, repo_root   # stdlib only: no torch, no pytest
 from workbook.runtime.child_process import course_env
+from workbook.runtime.options import OneLineErrors, positive_count, positive_seconds
 
 
 def cmd_doctor(args) -> int:
@@ -192,7 +193,7 @@ def _check_link(name: str | None) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from workbook.link import presets as link                # torch-free: the CLI starts fast
     from workbook.selfcheck import DEFAULT_TIMEOUT_S         # the grading engine: not for `trace`
-    parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
+    parser = OneLineErrors(prog="workbook", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -200,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("demo", help="4 CPU ranks run every collective, traced")
-    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--nproc", type=positive_count, default=4)
     p.add_argument("--link", default="dgx-h100",
                    help=f"simulated link: {', '.join(link.preset_names())}")
     p.add_argument("--out", default="runs/demo", help="run directory for traces and report")
@@ -213,19 +214,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "failed or is not implemented yet; 2 a hang (each rank's last collective is "
                     "reported) or a usage error.")
     p.add_argument("lab", help=", ".join(LABS))
-    p.add_argument("--nproc", type=int, default=None,
+    p.add_argument("--nproc", type=positive_count, default=None,
                    help="check on N ranks only (default: every world size the grader uses)")
     p.add_argument("--link", default="none",
                    help=f"simulated link for the figures: {', '.join(link.preset_names())}")
     p.add_argument("--impl", default="labs", help="labs (default), solutions, or a folder")
     p.add_argument("--trace-dir", default=None, help="write the figures' per-rank traces here")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                   help=f"seconds one run may take before it counts as a hang and each rank's "
-                        f"last collective is reported (default {DEFAULT_TIMEOUT_S:g})")
-    p.add_argument("--nnodes", type=int, default=None, metavar="N",
+    p.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds with no progress on any rank (no collective entered or left, "
+                        f"no computing) before a run counts as a hang and each rank's last call "
+                        f"is reported (default {DEFAULT_TIMEOUT_S:g}); a run that keeps "
+                        f"progressing is stopped only after max(600, 10 x this) s")
+    p.add_argument("--nnodes", type=positive_count, default=None, metavar="N",
                    help="run as a torchrun job of N nodes on this machine (one torchrun agent "
                         "each, c10d rendezvous on 127.0.0.1); with --nproc-per-node")
-    p.add_argument("--nproc-per-node", type=int, default=None, metavar="P",
+    p.add_argument("--nproc-per-node", type=positive_count, default=None, metavar="P",
                    help="ranks on each node (with --nnodes; --nproc, if given, must be N x P)")
     p.set_defaults(func=cmd_run)
 
@@ -248,10 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("watch", help="self-check a lab again on every save (Ctrl-C leaves)")
     p.add_argument("lab", help=", ".join(LABS))
     p.add_argument("--impl", default="labs", help="labs (default) or a folder of lab files")
-    p.add_argument("--nproc", type=int, default=None, help="check on N ranks only")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                   help=f"seconds one run may take before it counts as a hang (default "
-                        f"{DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--nproc", type=positive_count, default=None, help="check on N ranks only")
+    p.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds with no progress on any rank before a run counts as a hang "
+                        f"(default {DEFAULT_TIMEOUT_S:g})")
     p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("grade", help="grade the labs with points",
@@ -264,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lab", action="append", default=None,
                    help=f"{', '.join(LABS)} (repeat for several; default: all)")
     p.add_argument("--gradescope", default=None, metavar="PATH", help="write results.json here")
-    p.add_argument("--max-ranks", type=int, default=None, metavar="N",
+    p.add_argument("--max-ranks", type=positive_count, default=None, metavar="N",
                    help="grade on at most N ranks (processes): world sizes above N are left "
                         "out, a check needing more runs on its smallest size (default: "
                         "$WORKBOOK_MAX_RANKS, else no cap)")
@@ -272,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grade a class: DIR holds one folder of lab files per student")
     p.add_argument("--csv", default=None, metavar="PATH",
                    help="with --class-dir: the scores table (default scores.csv)")
-    p.add_argument("--student-timeout", type=float, default=600.0, metavar="S",
+    p.add_argument("--student-timeout", type=positive_seconds, default=600.0, metavar="S",
                    help="with --class-dir: seconds one student's grading may take (default 600)")
     p.add_argument("--strict", action="store_true",
                    help="(the default now: exit 1 unless every test passes; kept for old scripts)")
@@ -358,7 +361,10 @@ def main(argv=None) -> int:
     if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCH_PARSERS:
         args = BENCH_PARSERS[argv[1]]().parse_args(argv[2:])
     else:
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:              # --help (0) or a usage error, said in one line (2)
+            return exc.code
     try:
         _check_link(getattr(args, "link", None))
         return args.func(args) or 0

@@ -22,10 +22,7 @@ the temp dir.
 """
 from __future__ import annotations
 
-import argparse
-import math
 import os
-import re
 import shutil
 import sys
 import textwrap
@@ -33,6 +30,7 @@ import time
 from pathlib import Path
 
 from workbook.runtime.gpu import add_backend_argument
+from workbook.runtime.options import OneLineErrors, positive_count, positive_seconds
 from workbook.grading.engine import (HANG, NOT_IMPLEMENTED, PASSED, SKIPPED, Verdict, exit_code,
                                      run_checks)
 
@@ -222,40 +220,6 @@ def prune_trace_dirs(runs: Path, keep: int = KEEP_TRACES) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- usage errors
-def positive_seconds(text: str) -> float:
-    """``argparse`` type of an option in seconds (``--timeout``): a finite number above 0.
-    Anything else is a usage error: ``--timeout must be a positive number of seconds, got -5``
-    (one line, with ``OneLineErrors``; argparse's own parser adds its usage above it)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def positive_count(text: str) -> int:
-    """``argparse`` type of a count (``--nproc``): a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number, at least 1, got {text}")
-    return value
-
-
-class OneLineErrors(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit status 2:
-    ``python labs/tp.py: --timeout must be a positive number of seconds, got -5``
-    (``--help`` still prints the usage). Subparsers made by ``add_subparsers`` inherit it."""
-
-    def error(self, message: str):
-        message = re.sub(r"^argument ([^:]+): (must be .*)", r"\1 \2", message)
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
 # --------------------------------------------------------------------------- a lab's __main__
 def main(lab_file: str, argv=None) -> None:
     """``python labs/LAB.py`` and ``torchrun ... labs/LAB.py``: the self-check of that file."""
@@ -268,7 +232,8 @@ def main(lab_file: str, argv=None) -> None:
     parser.add_argument("--nproc", type=positive_count, default=None,
                         help="ranks (default: the grader's world sizes; ignored under torchrun)")
     parser.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
-                        help="seconds one run may take before it counts as a hang (default 60)")
+                        help="seconds with no progress on any rank before a run counts as a hang "
+                             "(default 60)")
     parser.add_argument("--link", default="none", help="simulated link preset for the figures")
     parser.add_argument("--trace-dir", default=None,
                         help=f"write the figures' traces here (default: a new folder of runs/LAB, "

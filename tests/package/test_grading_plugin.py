@@ -93,4 +93,4 @@ def test_unknown_lab_and_preset_in_the_cli():
     assert out.returncode == 2 and "unknown lab 'telepathy'" in out.stderr
     out = subprocess.run([sys.executable, "-m", "workbook.cli", "run", "collectives", "--nproc", "0",
                           "--impl", "solutions"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "--nproc must be at least 1" in out.stderr
+    assert out.returncode == 2 and "--nproc must be a whole number, at least 1" in out.stderr

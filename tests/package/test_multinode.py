@@ -196,8 +196,8 @@ def test_workbook_run_on_two_local_nodes(tmp_path):
 @pytest.mark.parametrize("options, message", [
     (["--nnodes", "2"], "--nnodes 2 needs --nproc-per-node"),
     (["--nnodes", "2", "--nproc", "3"], "3 ranks do not split into 2 nodes"),
-    (["--nnodes", "0", "--nproc-per-node", "2"], "--nnodes must be at least 1 (got 0)"),
-    (["--nnodes", "2", "--nproc-per-node", "0"], "--nproc-per-node must be at least 1"),
+    (["--nnodes", "0", "--nproc-per-node", "2"], "--nnodes must be a whole number, at least 1, got 0"),
+    (["--nnodes", "2", "--nproc-per-node", "0"], "--nproc-per-node must be a whole number, at least 1"),
     (["--nnodes", "2", "--nproc-per-node", "2", "--nproc", "3"],
      "--nproc 3 disagrees with --nnodes 2 x --nproc-per-node 2 = 4 ranks"),
     (["--nnodes", "2", "--nproc-per-node", "2", "--impl", "/no/such/folder"], "--impl must be"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 
 from workbook.measure.profiled_step import best_time
+from workbook.runtime.ranks import device
 
 WORLD_SIZE = 4
 SIZE = 1 << 20                       # bytes of the full buffer
@@ -35,8 +36,7 @@ def run(trace_dir=None, impl=None) -> dict:
     lab = load_lab("collectives", impl)
     rank, n = dist.get_rank(), dist.get_world_size()
     root, k = n - 1, SIZE // 4 // n * n                   # float32 elements, a multiple of n
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
-        else torch.device("cpu")
+    dev = device()                                        # the rank's: NCCL takes no CPU tensor
     x = torch.ones(k, device=dev)
     chunk = torch.tensor_split(x, n)[rank].clone()
     m = chunk.numel()                                     # even chunks

@@ -25,10 +25,12 @@ def measure_tp_like_step(hidden: int = 256, tokens: int = 512) -> dict:
     import torch
     import torch.distributed as dist
     from workbook import link
+    from workbook.runtime.ranks import device
     n = dist.get_world_size()
-    x = torch.randn(tokens, hidden)
-    w1 = torch.randn(4 * hidden // n, hidden) / hidden ** 0.5
-    w2 = torch.randn(hidden, 4 * hidden // n) / hidden ** 0.5
+    dev = device()                                         # the rank's: NCCL takes no CPU tensor
+    x = torch.randn(tokens, hidden, device=dev)
+    w1 = torch.randn(4 * hidden // n, hidden, device=dev) / hidden ** 0.5
+    w2 = torch.randn(hidden, 4 * hidden // n, device=dev) / hidden ** 0.5
     t0 = time.perf_counter()
     y = (x @ w1.T).relu() @ w2.T                        # [tokens, hidden], partial sums
     compute = time.perf_counter() - t0

@@ -17,8 +17,9 @@ def recalibrate(preset: str | None = None, tries: int = 3) -> float | None:
     preset = preset or (link.current_link().preset if link.current_link() else None)
     if preset in (None, "none"):
         return None
+    from workbook.runtime.ranks import device
     rate = torch.tensor([max(link.measure_local_flops(seconds=0.1) for _ in range(tries))],
-                        dtype=torch.float64)
+                        dtype=torch.float64, device=device())
     dist.all_reduce(rate, op=dist.ReduceOp.MAX)
     from workbook.runtime.ranks import link_nodes
     link.set_link(link.make_link(preset, float(rate), link_nodes()))     # the same nodes

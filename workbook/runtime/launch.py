@@ -29,8 +29,8 @@ from __future__ import annotations
 import os
 
 from workbook.runtime.gpu import add_backend_argument, gpu_count  # noqa: F401
-from workbook.runtime.pool import (DEFAULT_TIMEOUT, RankFailed, RankPool, RanksTimedOut,  # noqa: F401
-                           RemoteTraceback, close_shared_pools, shared_pool)
+from workbook.runtime.pool import (DEFAULT_TIMEOUT, RankFailed, RankPool, RanksStillRunning,  # noqa: F401
+                           RanksTimedOut, RemoteTraceback, close_shared_pools, shared_pool)
 from workbook.runtime.ranks import (RankContext, choose_backend, context, device,  # noqa: F401
                             init_rank, rank_layout, set_link, threads_per_rank)
 
@@ -85,12 +85,13 @@ def main(fn, *, default_nproc: int = 4, describe=None) -> list | None:
 
     ``fn()`` runs on every rank and returns something printable; rank 0 prints the results
     (``describe(results)`` formats them when given)."""
-    import argparse
-    parser = argparse.ArgumentParser(description=(fn.__doc__ or "").strip().split("\n")[0])
-    parser.add_argument("--nproc", type=int, default=default_nproc, help="ranks (ignored under torchrun)")
+    from workbook.runtime.options import OneLineErrors, positive_count, positive_seconds
+    parser = OneLineErrors(description=(fn.__doc__ or "").strip().split("\n")[0])
+    parser.add_argument("--nproc", type=positive_count, default=default_nproc,
+                        help="ranks (ignored under torchrun)")
     add_backend_argument(parser)
     parser.add_argument("--link", default=os.environ.get("WORKBOOK_LINK", "none"))
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT)
     opts = parser.parse_args()
     if under_torchrun():
         import torch.distributed as dist

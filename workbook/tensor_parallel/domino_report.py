@@ -43,6 +43,7 @@ def run(trace_dir=None, impl=None) -> dict:
     from workbook.measure.profiled_step import trace_folder
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
+    from workbook.runtime.ranks import device
     from workbook.tensor_parallel.layer_stack import TPStack, vanilla_tp_forward
     from workbook.trace.capture import rank_trace, traced_step
     lab = load_lab("domino", impl)
@@ -51,7 +52,7 @@ def run(trace_dir=None, impl=None) -> dict:
     cfg = ModelConfig(hidden=HIDDEN, heads=HEADS, ffn_hidden=4 * HIDDEN, n_layers=2, seq_len=SEQ,
                       vocab_size=VOCAB, dtype="float32")
     x, targets = inputs(cfg, BATCH)
-    m = TPStack(cfg, rank, world)
+    m = TPStack(cfg, rank, world, device=device())          # the batch is on it too
 
     def step(variant, k):
         name = STEPS_NAMED[variant]
