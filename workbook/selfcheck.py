@@ -32,7 +32,7 @@ from pathlib import Path
 from workbook.runtime.gpu import add_backend_argument
 from workbook.runtime.options import OneLineErrors, positive_count, positive_seconds
 from workbook.grading.engine import (HANG, NOT_IMPLEMENTED, PASSED, SKIPPED, Verdict, exit_code,
-                                     run_checks)
+                                     lab_import_problem, run_checks)
 
 DEFAULT_TIMEOUT_S = 60.0
 KEEP_TRACES = 3                      # self-checks of one lab whose traces stay in runs/LAB
@@ -93,10 +93,14 @@ def self_check(lab: str, *, impl: str = "labs", nproc: int | None = None,
     out = (lambda *_: None) if quiet else write
     where = f"on {nproc} ranks" if nproc else "on the grader's world sizes (1-4 ranks)"
     out(f"{lab} self-check: {folder.name}/{lab}.py {where}, the grader's checks")
+    problem = lab_import_problem(lab)
+    if problem:                                  # once, at the top: every check says "not run"
+        detail = problem.split("(", 1)[1].rsplit(")", 1)[0]          # "labs/tp.py, line 3: ..."
+        out(f"  {detail.replace(', ', ' does not import: ', 1)}. No check can run until it does.")
     printer = VerdictPrinter(out)
     verdicts = run_checks(lab, nproc=nproc, timeout=timeout, job=job, on_verdict=printer)
     printer.flush()
-    if not any(v.status == HANG for v in verdicts):
+    if not problem and not any(v.status == HANG for v in verdicts):
         _figures(lab, nproc, link, trace_dir, timeout, job, out)
     out(summary(lab, verdicts))
     if not quiet and nproc is None and folder.name != "solutions":   # the learner's progress

@@ -198,8 +198,13 @@ def test_a_syntax_error_is_reported_on_every_check(tmp_path):
     use_impl(str(tmp_path))
     try:
         verdicts = engine.run_checks("ring_allreduce", nproc=2)
+        printed: list[str] = []
+        from workbook.selfcheck import self_check
+        assert self_check("ring_allreduce", impl=str(tmp_path), nproc=2, write=printed.append) == 1
     finally:
         os.environ["WORKBOOK_IMPL"] = old or "labs"
+    assert printed[1] == (f"  {tmp_path.name}/ring_allreduce.py does not import: line {line + 1}: "
+                          f"SyntaxError: expected ':'. No check can run until it does."), printed
     expected = f"not run: the lab does not import ({tmp_path.name}/ring_allreduce.py, line {line + 1}"
     assert verdicts and all(v.message.startswith(expected) for v in verdicts), \
         [v.message for v in verdicts]

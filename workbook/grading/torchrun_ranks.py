@@ -45,6 +45,8 @@ class JobRanks:
         import torch
         import torch.distributed as dist
         from workbook.runtime.ranks import choose_backend, init_rank, threads_per_rank
+        import faulthandler
+        faulthandler.enable(all_threads=True)     # a fatal signal prints this rank's Python stack
         self.store, self.rank, self.world = next(dist.rendezvous("env://"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
@@ -114,6 +116,10 @@ class JobRanks:
         from workbook.grading.engine import STATE
         if STATE.tmpdir:                                   # os._exit skips its clean-up
             shutil.rmtree(STATE.tmpdir, ignore_errors=True)
+        if code and self.rank == 0:
+            print(f"(exit {code}: torchrun's own ChildFailedError follows; it only names the "
+                  f"rank that carried this status, the report above is the one to read)",
+                  file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         mine = 0 if self.local_rank else code
@@ -237,8 +243,6 @@ class Watchdog(threading.Thread):
         if silent:
             print(f"        rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} did not "
                   f"answer: the process (or its node) is gone.", file=sys.stderr, flush=True)
-        print("exit 2: the job ends here, no rank is left running. torchrun's own lines follow "
-              "(a ChildFailedError naming the rank that carried this exit status).",
-              file=sys.stderr, flush=True)
+        print("The job ends here; no rank is left running.", file=sys.stderr, flush=True)
         store.set("workbook/hang/reported", "1")
         job.finish(2)
