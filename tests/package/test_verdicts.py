@@ -132,7 +132,7 @@ def test_the_report_names_the_checks_own_call_apart_from_the_learners():
     report = str(info.value)
     assert "rank 0: in the check's own barrier #1" in report, report
     assert "rank 1: in your all_reduce #1 (float32[1])" in report, report
-    assert "rank 0 waits in the check's own barrier for the other ranks to reach it: rank 1 is " \
+    assert "Rank 0 waits in the check's own calls for the other ranks to reach them: rank 1 is " \
            "in your all_reduce" in report, report
 
 

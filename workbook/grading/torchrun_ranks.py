@@ -230,6 +230,10 @@ class Watchdog(threading.Thread):
         slots = [json.loads(store.get(k)) if store.check([k]) else {"state": "no answer"}
                  for k in keys]
         silent = [r for r, s in enumerate(slots) if s["state"] == "no answer"]
+        for r in silent:                     # a rank that is gone: what it last said it was doing
+            beat = f"workbook/beat/{r}"
+            if store.check([beat]):
+                slots[r] = dict(json.loads(store.get(beat)), heard=True)
         if STATE.before_report:
             STATE.before_report()
         sys.stdout.flush()
@@ -241,8 +245,11 @@ class Watchdog(threading.Thread):
               + flight.hang_report(slots, self.timeout, headline=headline).replace("\n", "\n        "),
               file=sys.stderr, flush=True)
         if silent:
+            heard = any(slots[r].get("heard") for r in silent)
             print(f"        rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} did not "
-                  f"answer: the process (or its node) is gone.", file=sys.stderr, flush=True)
+                  f"answer: the process (or its node) is gone"
+                  f"{' (above: what it last said it was doing)' if heard else ''}.",
+                  file=sys.stderr, flush=True)
         print("The job ends here; no rank is left running.", file=sys.stderr, flush=True)
         store.set("workbook/hang/reported", "1")
         job.finish(2)

@@ -310,16 +310,13 @@ def hang_report(slots: list[dict], timeout: float, *, headline: str | None = Non
         at = f" (at {s['at']})" if s.get("at") and s.get("state") == "in" else ""
         lines.append(f"  rank {rank}: {describe_slot(s)}{at}{since}.")
     waiting = {r: s for r, s in enumerate(slots) if s.get("state") == "in"}
-    for rank, s in waiting.items():
-        if not s.get("own"):
-            continue
-        others = [r for r in range(len(slots))
-                  if (slots[r].get("name"), slots[r].get("seq")) != (s["name"], s["seq"])
-                  or slots[r].get("state") != "in"]
-        if others:
-            who = "; ".join(f"rank {r} is {describe_slot(slots[r])}" for r in others)
-            lines.append(f"  rank {rank} waits in the check's own {s['name']} for the other "
-                         f"ranks to reach it: {who}.")
+    checks = [r for r, s in waiting.items() if s.get("own")]
+    others = [r for r in range(len(slots)) if r not in checks]
+    if checks and others:                   # the grader's calls wait for the learner's ranks
+        ranks = ", ".join(map(str, checks))
+        who = "; ".join(f"rank {r} is {describe_slot(slots[r])}" for r in others)
+        lines.append(f"  Rank{'s' * (len(checks) > 1)} {ranks} wait{'s' * (len(checks) == 1)} in "
+                     f"the check's own calls for the other ranks to reach them: {who}.")
     collectives = [s for s in waiting.values() if s["name"] not in P2P_NAMES]
     if len({(s["name"], s["seq"]) for s in collectives}) == 1 and \
             len({s["call"] for s in collectives}) > 1:
