@@ -157,7 +157,7 @@ def on_ranks(n: int, fn, *args, link: str = "none", timeout: float = 60.0, key=N
         else:
             from workbook.runtime.launch import shared_pool
             from workbook.runtime.ranks import backend_for_link
-            from workbook.runtime.pool import release_freed_memory
+            from workbook.runtime.rank_loop import release_freed_memory
             release_freed_memory()                  # what the last judge freed, before ranks run
             started = time.monotonic()
             pool = shared_pool(n, backend_for_link(link), max_live=_live_ranks(n), nnodes=nnodes)

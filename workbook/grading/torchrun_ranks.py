@@ -67,7 +67,8 @@ class JobRanks:
         import torch.distributed as dist
         from workbook.runtime import flight
         from workbook.grading.engine import Skipped
-        from workbook.runtime.pool import _describe_error, _primary, _reraise
+        from workbook.runtime.pool import _primary, _reraise
+        from workbook.runtime.rank_loop import _describe_error
         from workbook.runtime.ranks import set_link
         if n != self.world:
             raise Skipped(f"runs on {n} ranks; this job has {self.world}")

@@ -3,7 +3,8 @@
 Starting a rank costs seconds (Python, then ``import torch``); a grader runs hundreds of small
 distributed checks. ``RankPool(n)`` starts ``n`` rank processes once; each ``pool.run(fn)`` then
 sends ``fn`` (by value, with cloudpickle, so notebook functions work) to every rank over a pipe
-and collects the results, in milliseconds.
+and collects the results, in milliseconds. What each rank does with them is
+``workbook.runtime.rank_loop``; why a dead rank died, ``workbook.runtime.rank_death``.
 
 Failure handling, the part learners meet most:
 
@@ -31,11 +32,9 @@ import atexit
 import os
 import pickle
 import shutil
-import signal
 import sys
 import tempfile
 import time
-import traceback
 from datetime import timedelta
 from multiprocessing import get_context
 from multiprocessing.connection import wait as wait_for_pipes
@@ -43,18 +42,19 @@ from multiprocessing.shared_memory import SharedMemory
 
 import cloudpickle
 
-from workbook.runtime.ranks import choose_backend, init_rank, set_link, threads_per_rank
+from workbook.runtime.rank_loop import _rank_main
+from workbook.runtime.ranks import choose_backend
 
 DEFAULT_TIMEOUT = 60.0         # seconds without progress before a run is a hang (the report, not gloo's)
 WALL_LIMIT_S = 600.0           # a run that progresses but never ends: stopped after this (times load)
 POLL_S = 0.25                  # how often the launcher reads the ranks' flight-recorder slots
 CPU_BUSY_S = 0.02              # CPU seconds in one look that make a rank outside a call "computing"
-PROCESS_GROUP_TIMEOUT_S = 3600.0   # the pool is the watchdog: gloo's own timeout never fires first
 # Imported once in the fork server, so that every rank shares these pages instead of importing
 # its own copy: symbolic_shapes (and sympy, 30+ MB) is what torch imports on the first
 # ``backward(gradient)`` of a rank, which most labs' checks make.
 PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "cloudpickle",
-           "workbook.link", "workbook.runtime.flight", "workbook.runtime.ranks"]
+           "workbook.link", "workbook.runtime.flight", "workbook.runtime.ranks",
+           "workbook.runtime.rank_loop"]
 
 
 def _rank_start_context():
@@ -100,139 +100,6 @@ class RemoteTraceback(Exception):
 
     def __str__(self):
         return "\n" + self.args[0]
-
-
-def _describe_error(rank: int, exc: BaseException) -> dict:
-    import torch.distributed as dist
-    text = "".join(traceback.format_exception(exc))
-    secondary = isinstance(exc, getattr(dist, "DistBackendError", ())) or any(
-        s in str(exc) for s in ("Connection closed by peer", "Connection reset", "Broken pipe",
-                                "Socket Timeout", "Timed out waiting", "NCCL communicator was aborted"))
-    try:
-        payload = pickle.dumps(exc)
-        pickle.loads(payload)
-    except Exception:
-        payload = None
-    return {"rank": rank, "type": type(exc).__name__, "message": str(exc), "traceback": text,
-            "secondary": secondary, "pickled": payload}
-
-
-def _die_with_parent() -> None:
-    """Linux: deliver SIGKILL to this rank when the launching process goes away."""
-    try:
-        import ctypes
-        import signal
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def release_freed_memory() -> None:
-    """Give the heap that a finished task freed back to the system (glibc keeps it otherwise:
-    a rank that once held a large model would go on holding its pages while it waits). A few
-    milliseconds; nothing where the C library is not glibc."""
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        try:
-            import ctypes
-            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _MALLOC_TRIM = False
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
-
-
-_MALLOC_TRIM = None
-
-
-def _keep_evidence(rank: int, folder: str) -> None:
-    """A fatal signal's Python stack into this rank's fault file; standard error into its own
-    file (the launcher relays it after each run and reads it when the rank dies)."""
-    import faulthandler
-
-    from workbook.runtime.rank_death import fault_file, stderr_file
-    global _FAULTS
-    _FAULTS = open(fault_file(folder, rank), "w")          # kept open for faulthandler
-    faulthandler.enable(_FAULTS, all_threads=True)
-    sys.stderr.flush()
-    fd = os.open(stderr_file(folder, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 2)
-    os.close(fd)
-
-
-_FAULTS = None
-
-
-def _rank_main(rank, world_size, backend, store_port, conn, shm_name, parent_path, env, nnodes=1,
-               evidence=None):
-    """The loop of a spawned rank: initialise once, then run tasks until told to stop."""
-    import gc
-    gc.freeze()     # what the fork server imported stays shared: the collector never writes to it
-    _die_with_parent()
-    if evidence:
-        _keep_evidence(rank, evidence)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the launcher's to handle
-    os.environ.update(env)
-    sys.path[:] = parent_path
-    import torch
-    import torch.distributed as dist
-    from workbook import link
-    from workbook.runtime import flight
-
-    torch.set_num_threads(threads_per_rank(world_size))
-    shm = SharedMemory(name=shm_name)
-    flight.RECORDER.slot = shm.buf[rank * flight.SLOT_BYTES:(rank + 1) * flight.SLOT_BYTES]
-    store = dist.TCPStore("127.0.0.1", store_port, world_size + 1, is_master=False,
-                          timeout=timedelta(seconds=60))
-    per_node = world_size // nnodes                   # simulated nodes, numbered as torchrun does
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % per_node),
-                      LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node),
-                      WORKBOOK_RANKS_HERE=str(world_size))
-    links: dict = {}
-    generation, exit_code = 0, 0
-    try:
-        init_rank(rank, world_size, rank, backend, store, generation, PROCESS_GROUP_TIMEOUT_S)
-        conn.send(("ready", None))
-        while True:
-            msg = conn.recv()
-            if msg[0] == "close":
-                break
-            if msg[0] == "reinit":                    # after a failed task: a fresh group
-                generation = msg[1]
-                links.clear()
-                if dist.is_initialized():
-                    dist.destroy_process_group()
-                init_rank(rank, world_size, rank, backend, store, generation, PROCESS_GROUP_TIMEOUT_S)
-                conn.send(("ready", None))
-                continue
-            _, task_id, payload, preset, timeout_s = msg
-            flight.RECORDER.reset()
-            try:
-                fn, args, kwargs = cloudpickle.loads(payload)
-                set_link(preset, links)
-                result = fn(*args, **kwargs)
-                payload = pickle.dumps(("ok", task_id, result))
-                fn = args = kwargs = result = None
-                conn.send_bytes(payload)
-            except BaseException as exc:              # noqa: BLE001 - every failure goes back
-                report = _describe_error(rank, exc)
-                try:                                  # unblock peers waiting on this rank
-                    dist.destroy_process_group()
-                except Exception:
-                    pass
-                link.set_link(None)
-                conn.send_bytes(pickle.dumps(("err", task_id, report)))
-            payload = None
-            release_freed_memory()
-    except BaseException:                             # noqa: BLE001 - start-up failed: say why
-        traceback.print_exc()
-        exit_code = 1
-    finally:
-        flight.RECORDER.slot = None
-        shm.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code)  # skip C++ teardown of live gloo threads ("terminate called ...")
 
 
 # --------------------------------------------------------------------------- the pool
