@@ -34,7 +34,7 @@ from workbook.runtime.messages import first_line
 
 PG_TIMEOUT_S = 3600.0        # the process group's timeout: the watchdog always fires first
 BEAT_S = 1.0                 # how often each rank's watchdog posts its progress
-CPU_BUSY_S = 0.05            # CPU seconds in one beat that make a rank outside a call "computing"
+CPU_BUSY_S = 0.05            # CPU seconds since the last progress that make a rank "computing"
 from workbook.runtime.multinode import EXIT_WITHIN_S  # noqa: E402
 
 
@@ -193,12 +193,12 @@ class Watchdog(threading.Thread):
             now = time.monotonic()
             events = [s.get("events") for s in states]
             cpu = [s.get("cpu", 0.0) for s in states]
-            computing = last_events is not None and any(
+            computing = last_events is not None and any(     # CPU since the last progress mark
                 s.get("state") not in ("in", "done") and c - before >= CPU_BUSY_S
                 for s, c, before in zip(states, cpu, last_cpu))
             if events != last_events or computing:
-                last_progress = now
-            last_events, last_cpu = events, cpu
+                last_progress, last_cpu = now, cpu
+            last_events = events
             if now - max(last_progress, armed_at) > self.timeout:
                 self.fire("hang")
             elif now - armed_at > self.wall:

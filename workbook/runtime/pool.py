@@ -48,7 +48,7 @@ from workbook.runtime.ranks import choose_backend
 DEFAULT_TIMEOUT = 60.0         # seconds without progress before a run is a hang (the report, not gloo's)
 WALL_LIMIT_S = 600.0           # a run that progresses but never ends: stopped after this (times load)
 POLL_S = 0.25                  # how often the launcher reads the ranks' flight-recorder slots
-CPU_BUSY_S = 0.02              # CPU seconds in one look that make a rank outside a call "computing"
+CPU_BUSY_S = 0.05              # CPU seconds that make a rank outside a call "computing" (see _computing)
 # Imported once in the fork server, so that every rank shares these pages instead of importing
 # its own copy: symbolic_shapes (and sympy, 30+ MB) is what torch imports on the first
 # ``backward(gradient)`` of a rank, which most labs' checks make.
@@ -124,7 +124,7 @@ class RankPool:
         self._shm.buf[:] = b"\0" * len(self._shm.buf)
         self._evidence = tempfile.mkdtemp(prefix="workbook-ranks-")   # removed by close()
         self._stderr_at = [0] * world_size
-        self._cpu: dict[int, float | None] = {}      # each rank's CPU seconds at the last look
+        self._cpu: dict[int, float | None] = {}      # each rank's CPU seconds at its last mark
         ctx = _rank_start_context()
         self._conns, self._procs = [], []
         env = {k: v for k, v in os.environ.items() if k.startswith(("WORKBOOK_", "CUDA", "NCCL"))}
@@ -256,16 +256,18 @@ class RankPool:
         return [s.get("events", 0) for s in self._slots()]
 
     def _computing(self, pending: dict) -> bool:
-        """Whether an unfinished rank outside any call used the CPU since the last look: it is
-        computing (slowly, on a busy machine, or in an endless loop that the wall limit ends),
-        which is progress. A rank that sleeps or blocks outside a call uses none."""
+        """Whether an unfinished rank outside any call has used ``CPU_BUSY_S`` of CPU since it
+        last counted as computing: it computes (slowly on a busy machine, where it gets a sliver
+        of a core, or in an endless loop that the wall limit ends), which is progress. A rank
+        that sleeps or blocks outside a call uses next to none. Counted from a mark, not per
+        look, so a rank starved to a few milliseconds per look still shows it works."""
         slots, busy = self._slots(), False
         for r in pending:
             used = _cpu_seconds(self._procs[r].pid)
-            before, self._cpu[r] = self._cpu.get(r), used
-            if slots[r].get("state") != "in" and (used is None or before is None
-                                                  or used - before >= CPU_BUSY_S):
-                busy = True
+            mark = self._cpu.get(r)
+            if used is None or mark is None or used - mark >= CPU_BUSY_S:
+                self._cpu[r] = used
+                busy |= slots[r].get("state") != "in" and mark is not None
         return busy
 
     def _relay_stderr(self, rank: int | None = None, echo: bool = True) -> str:
