@@ -224,23 +224,37 @@ def _measure(trace_dir) -> dict:
                                     f"{predicted:.0f} us")
                 return out
         measured = sorted(r["compute_s"] for r in res[rank])[2]
-        shared = L.simulated_hardware(link_module.make_link("dgx-h100", res[rank][0]["shared_rate"]))
-        predicted = L.compute_time(res[rank][0]["flops"], shared)
-        if not (math.isfinite(predicted) and predicted / 3 < measured < predicted * 3):
+        rate, flops = res[rank][0]["shared_rate"], res[rank][0]["flops"]
+        shared = L.simulated_hardware(link_module.make_link("dgx-h100", rate))
+        predicted = L.compute_time(flops, shared)
+        if not (math.isfinite(predicted) and predicted == pytest.approx(flops / rate, rel=0.02)):
+            out["structure"] = (f"rank {rank}: compute_time({flops:.3g} FLOPs) on hardware of "
+                                f"{rate / 1e9:.0f} GFLOP/s gives {predicted * 1e3:.3g} ms; at that "
+                                f"rate the FLOPs take {flops / rate * 1e3:.3g} ms")
+            return out
+        if not predicted / MEASURED_FACTOR < measured < predicted * MEASURED_FACTOR:
             out["timing"] = (f"rank {rank}: compute predicted {predicted * 1e3:.2f} ms (at the "
-                             f"{res[rank][0]['shared_rate'] / 1e9:.0f} GFLOP/s this rank measured "
-                             f"while every rank computed), measured {measured * 1e3:.2f} ms "
-                             f"(median of 5 steps); they should agree within a factor of 3")
+                             f"{rate / 1e9:.0f} GFLOP/s this rank measured while every rank "
+                             f"computed), measured {measured * 1e3:.2f} ms (median of 5 steps); "
+                             f"they should agree within a factor of {MEASURED_FACTOR:g}")
     return out
+
+
+#: How far the measured compute time may stray from the prediction: the prediction itself is
+#: checked exactly above (flops / rate); this only catches a rate of the wrong unit. A factor 3
+#: failed the reference at load 15 on 2 cores (predicted 5.35 ms, measured 18.5 ms: the rate,
+#: measured a moment after the steps, had changed that much; tests/bench/load_stability.py).
+MEASURED_FACTOR = 10.0
 
 
 @pytest.mark.points(3)
 @pytest.mark.tasks("collective_time")
 def test_predictions_match_the_measured_trace(tmp_path):
     """On 3 ranks (where the bus factor is not 1), every collective the trace shows on the link
-    lasts what collective_time predicts (±2%), and the predicted compute time (at the rate the
-    rank measured while all ranks computed) is within a factor
-    of 3 of the measured median (measured again after a miss: ``workbook.grading.timing``)."""
+    lasts what collective_time predicts (±2%); compute_time at the rate the rank measured while
+    all ranks computed is that rate's time for the FLOPs (±2%), and within a factor of
+    ``MEASURED_FACTOR`` of the measured median (measured again after a miss:
+    ``workbook.grading.timing``)."""
     def run(k):
         (tmp_path / str(k)).mkdir()
         return _measure(tmp_path / str(k))
