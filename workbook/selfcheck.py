@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from workbook.runtime.gpu import add_backend_argument
+from workbook.runtime.messages import first_line
 from workbook.runtime.options import OneLineErrors, positive_count, positive_seconds
 from workbook.grading.engine import (HANG, NOT_IMPLEMENTED, PASSED, SKIPPED, Verdict, exit_code,
                                      lab_import_problem, run_checks)
@@ -140,7 +141,7 @@ def _figures(lab, nproc, link, trace_dir, timeout, job, out) -> None:
         if folder and not trace_dir and (job is None or job.local_rank == 0):
             shutil.rmtree(folder, ignore_errors=True)      # no half-written run in runs/LAB
         first = engine.not_implemented_message(exc) or f"{type(exc).__name__}: {exc}"
-        out(f"  figures skipped: {first.splitlines()[0] if first else ''}")
+        out(f"  figures skipped: {first_line(first)}")
         return
     finally:
         engine.STATE.job = None
