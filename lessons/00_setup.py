@@ -29,7 +29,7 @@ import plotly.graph_objects as go
 import torch
 
 from workbook.trace import colors
-from workbook.lessons import on_ranks
+from workbook.lessons import on_ranks, show_in
 
 print("torch", torch.__version__, "| CPU cores:", os.cpu_count(),
       "| CUDA GPUs:", torch.cuda.device_count() if torch.cuda.is_available() else 0)
@@ -117,25 +117,30 @@ os.remove(script)
 # re-running costs milliseconds instead of seconds.
 #
 # Inside `fn` the usual calls work: `dist.get_rank()`, `dist.get_world_size()`,
-# `dist.all_reduce(...)`.
+# `dist.all_reduce(...)`. A tensor handed to a collective must live on the rank's own device:
+# `workbook.runtime.ranks.device()` says which (`cpu` on a CPU rank, `cuda:N` on a GPU rank,
+# where NCCL takes no CPU tensor). It is the one way the course asks, so the same function runs
+# on a laptop and on a GPU node.
 
 # %%
 def hello():
     import torch
     import torch.distributed as dist
+    from workbook.runtime.ranks import device
     rank, world = dist.get_rank(), dist.get_world_size()
-    t = torch.tensor([float(rank)])
+    t = torch.tensor([float(rank)], device=device())
     dist.all_reduce(t)                         # every rank adds its number: 0 + 1 + ... + (n-1)
     return {"rank": rank, "world_size": world, "pid": os.getpid(),
-            "backend": dist.get_backend(), "sum_of_ranks": t.item()}
+            "backend": dist.get_backend(), "device": str(t.device), "sum_of_ranks": t.item()}
 
 
 for row in on_ranks(hello, 4):
     print(row)
 
 # %% [markdown]
-# The backend reads `gloo_link`: gloo wrapped by the course's simulated interconnect, which adds
-# no delay until you pick a link preset (lesson 3).
+# On CPU ranks the backend reads `gloo_link`: gloo wrapped by the course's simulated
+# interconnect, which adds no delay until you pick a link preset (lesson 3). On GPU ranks it
+# reads `nccl` (or the gloo wrapper, with the tensors on the GPU), and the device `cuda:N`.
 #
 # ## Process groups inside the world
 #
@@ -149,11 +154,12 @@ for row in on_ranks(hello, 4):
 def two_ways():
     import torch
     import torch.distributed as dist
+    from workbook.runtime.ranks import device
     rank = dist.get_rank()
     tp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     tp, dp = tp_groups[rank // 2], dp_groups[rank % 2]
-    a, b = torch.tensor([float(rank)]), torch.tensor([float(rank)])
+    a, b = (torch.tensor([float(rank)], device=device()) for _ in range(2))
     dist.all_reduce(a, group=tp)
     dist.all_reduce(b, group=dp)
     return {"rank": rank, "tp_group": dist.get_process_group_ranks(tp), "tp_sum": a.item(),
@@ -197,10 +203,7 @@ table = W.Output()
 
 def show(change=None):
     rows = on_ranks(hello, n_ranks.value)
-    table.clear_output(wait=True)
-    with table:
-        for row in rows:
-            print(row)
+    show_in(table, "\n".join(str(row) for row in rows))   # replaces what the panel shows
 
 
 n_ranks.observe(show, names="value")

@@ -30,7 +30,7 @@ from IPython.display import display
 
 from workbook import link
 from workbook.trace import colors
-from workbook.lessons import buffers_figure, check_your_work, on_ranks
+from workbook.lessons import buffers_figure, check_your_work, on_ranks, show_in
 
 N = 4          # ranks used by the cells below
 
@@ -42,10 +42,12 @@ def run_collective(name: str, size: int, root: int) -> dict:
 
     import torch
     import torch.distributed as dist
-    rank, n = dist.get_rank(), dist.get_world_size()
-    mine = torch.arange(size, dtype=torch.float32) + 10 * rank
+
+    from workbook.runtime.ranks import device
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), device()    # NCCL: tensors on the GPU
+    mine = torch.arange(size, dtype=torch.float32, device=dev) + 10 * rank
     if name in ("scatter", "reduce_scatter"):            # these start from n chunks
-        mine = torch.arange(n * size, dtype=torch.float32) + 100 * rank
+        mine = torch.arange(n * size, dtype=torch.float32, device=dev) + 100 * rank
     before = mine.tolist()
     if name == "broadcast":
         dist.broadcast(mine, src=root)
@@ -57,20 +59,20 @@ def run_collective(name: str, size: int, root: int) -> dict:
         dist.all_reduce(mine)
         after = mine.tolist()
     elif name == "gather":
-        parts = [torch.empty(size) for _ in range(n)] if rank == root else None
+        parts = [torch.empty(size, device=dev) for _ in range(n)] if rank == root else None
         dist.gather(mine, parts, dst=root)
         after = torch.cat(parts).tolist() if rank == root else None
     elif name == "all_gather":
-        out = torch.empty(n * size)
+        out = torch.empty(n * size, device=dev)
         dist.all_gather_into_tensor(out, mine)
         after = out.tolist()
     elif name == "scatter":
-        out = torch.empty(size)
+        out = torch.empty(size, device=dev)
         dist.scatter(out, list(mine.chunk(n)) if rank == root else None, src=root)
         before = before if rank == root else None          # only the root's buffer is read
         after = out.tolist()
     elif name == "reduce_scatter":
-        out = torch.empty(size)
+        out = torch.empty(size, device=dev)
         dist.reduce_scatter_tensor(out, mine)
         after = out.tolist()
     elif name == "barrier":
@@ -164,9 +166,7 @@ panel = W.Output()
 def redraw(change=None):
     root.max = ranks.value - 1
     fig = show(pick.value, ranks.value, size.value, min(root.value, ranks.value - 1))
-    panel.clear_output(wait=True)
-    with panel:
-        display(fig)
+    show_in(panel, fig)
 
 
 for w in (pick, ranks, size, root):
@@ -308,7 +308,7 @@ fig
 #
 # The self-check runs the grader's own checks and prints one verdict per check: `TODO` for a
 # part not written yet, `FAIL` with the rank, the case and expected vs got for a wrong one, and
-# for a hang, after 60 s, the last collective each rank entered. Its return value is the exit
+# for a hang (no rank making progress for 60 s), the last call each rank made, yours or the check's. Its return value is the exit
 # status `workbook run` would give: 0 all passed, 1 something failed or is not implemented, 2 a
 # hang.
 

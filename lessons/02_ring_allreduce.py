@@ -33,7 +33,7 @@ from IPython.display import display
 
 from workbook.trace import colors
 from workbook.lessons import check_your_work
-from workbook.trace.view import live_output
+from workbook.lessons import live_output
 
 
 # %% [markdown]

@@ -23,7 +23,7 @@ from IPython.display import display
 
 from workbook import link, trace
 from workbook.trace import colors
-from workbook.lessons import check_your_work, on_ranks
+from workbook.lessons import check_your_work, on_ranks, show_in
 
 RANKS = 2
 PRESET = "dgx-h100"
@@ -82,9 +82,7 @@ def hide_what(change=None):
                            hovertemplate="%{x}: %{y:.2f} ms<extra></extra>"))
     fig.update_layout(title=f"all-reduce of {mib.value} MiB on {n_hw.value} ranks (real hardware, "
                       "modelled)", yaxis_title="ms", height=380)
-    hw_out.clear_output(wait=True)
-    with hw_out:
-        display(fig)
+    show_in(hw_out, fig)
 
 
 for w in (mib, n_hw):

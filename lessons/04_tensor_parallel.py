@@ -28,7 +28,7 @@ from IPython.display import display
 
 from workbook import link, trace
 from workbook.trace import colors
-from workbook.lessons import check_your_work, on_ranks
+from workbook.lessons import check_your_work, on_ranks, show_in
 from workbook.trace.analyse import phase_ranges
 
 RANKS = 2
@@ -221,13 +221,12 @@ def show_cost(change=None):
         text=[f"{c['comm_s'] * 1e3:.2f} ms", f"{c['compute_s'] * 1e3:.2f} ms"], textposition="auto"))
     fig.update_layout(title=f"one block, forward + backward, on {v['preset']} (modelled)",
                       xaxis_title="ms per rank", height=230, margin=dict(l=10, r=10, t=50, b=40))
-    cost_out.clear_output(wait=True)
-    with cost_out:
-        print(f"one all-reduce: B·S·H = {v['batch'] * v['seq'] * v['hidden']:,} elements = "
-              f"{c['msg'] / 2**20:,.1f} MiB;  per step, {4 * v['layers']} all-reduces = "
-              f"{c['step_bytes'] / 2**30:,.2f} GiB;  communication is "
-              f"{c['comm_s'] / (c['comm_s'] + c['compute_s']):.0%} of the block if nothing overlaps")
-        display(fig)
+    show_in(cost_out,
+            f"one all-reduce: B·S·H = {v['batch'] * v['seq'] * v['hidden']:,} elements = "
+            f"{c['msg'] / 2**20:,.1f} MiB;  per step, {4 * v['layers']} all-reduces = "
+            f"{c['step_bytes'] / 2**30:,.2f} GiB;  communication is "
+            f"{c['comm_s'] / (c['comm_s'] + c['compute_s']):.0%} of the block if nothing overlaps",
+            fig)
 
 
 for w in sliders.values():

@@ -31,7 +31,7 @@ from plotly.subplots import make_subplots
 
 from workbook import trace
 from workbook.trace import colors
-from workbook.lessons import buffers_figure, check_your_work, on_ranks
+from workbook.lessons import buffers_figure, check_your_work, on_ranks, show_in
 from workbook.link import bus_factor
 
 RANKS = 2
@@ -121,11 +121,13 @@ block_figure()
 def sequence_collectives():
     import torch
     import torch.distributed as dist
-    r, n = dist.get_rank(), dist.get_world_size()
-    partial = torch.arange(1.0, 7.0) * (r + 1)          # this rank's partial output, 6 positions
-    shard = torch.empty(6 // n)
+
+    from workbook.runtime.ranks import device
+    r, n, dev = dist.get_rank(), dist.get_world_size(), device()    # NCCL: tensors on the GPU
+    partial = torch.arange(1.0, 7.0, device=dev) * (r + 1)   # this rank's partial output, 6 positions
+    shard = torch.empty(6 // n, device=dev)
     dist.reduce_scatter_tensor(shard, partial)           # sum, keep positions r*3 .. r*3+2
-    full = torch.empty(6)
+    full = torch.empty(6, device=dev)
     dist.all_gather_into_tensor(full, shard)             # every rank: every position
     summed = partial.clone()
     dist.all_reduce(summed)
@@ -269,9 +271,7 @@ def redraw_memory(change=None):
                       f"({now['TP + SP'] / now['TP']:.2f}x)",
                       xaxis=dict(title="TP size t", type="log", tickvals=ts), yaxis_title="MB per layer",
                       height=400, margin=dict(l=10, r=10, t=60, b=40))
-    mem_out.clear_output(wait=True)
-    with mem_out:
-        display(fig)
+    show_in(mem_out, fig)
 
 
 for w in (hid, seq, bat, heads, tp):

@@ -29,7 +29,7 @@ from workbook import link, trace
 from workbook.trace import colors
 from workbook.tensor_parallel import domino_measure, domino_plan
 from workbook.grading.labs import load_lab
-from workbook.lessons import check_your_work, on_ranks
+from workbook.lessons import check_your_work, on_ranks, show_in
 from workbook.tensor_parallel.layer_stack import stages
 
 RANKS, PRESET, P, BATCH = 2, "dgx-h100", 4, 16
@@ -413,29 +413,30 @@ def redraw(_=None):
     pl = plans.get(sched_w.value) or plan(sched_w.value, **settings)
     clock = f"real {preset} clock" if hw else "this CPU's clock"
     title = f"PLANNED {sched_w.label}, p={p_w.value}, hidden {hidden_w.value} — SIMULATED {preset}, {clock}"
-    plan_out.clear_output(wait=True)
-    with plan_out:
-        print(f"planned step ({clock}): " + ", ".join(f"{s} {q.t * 1e6:,.0f} µs" for s, q in plans.items())
-              + f"; {sched_w.label} hides {hidden_pct(pl, 'fwd') or 0:.0f}% forward, "
-              + (f"{hidden_pct(pl, 'bwd') or 0:.0f}% backward" if pl.t > pl.fwd_end else "(forward only)"))
-        display(plan_figure(pl, title))
+    show_in(plan_out,
+            f"planned step ({clock}): " + ", ".join(f"{s} {q.t * 1e6:,.0f} µs" for s, q in plans.items())
+            + f"; {sched_w.label} hides {hidden_pct(pl, 'fwd') or 0:.0f}% forward, "
+            + (f"{hidden_pct(pl, 'bwd') or 0:.0f}% backward" if pl.t > pl.fwd_end else "(forward only)"),
+            plan_figure(pl, title))
 
 
 def on_click(_):
-    run_out.clear_output(wait=True)
-    with run_out:
-        if hidden_w.value > 2048:
-            print("That width would take minutes per step on this CPU: the planner only.")
-            return
-        print("running 6 steps on 2 ranks ...")
+    if hidden_w.value > 2048:
+        show_in(run_out, "That width would take minutes per step on this CPU: the planner only.")
+        return
+    show_in(run_out, "running 6 steps on 2 ranks ...")
+    try:
         _, d = run_measured(p_w.value, preset_w.value, model_of(hidden_w.value))
-        run_out.clear_output(wait=True)
-        m_run = trace.load_run(d / "domino")
-        print(", ".join(f"rank {r}: {trace.overlap_pct(m_run, rank=r, within='forward'):.0f}% forward, "
-                        f"{trace.overlap_pct(m_run, rank=r, within='backward'):.0f}% backward hidden"
-                        for r in m_run.ranks))
-        display(trace.timeline_figure(m_run, title=f"MEASURED Domino ({who}), p={p_w.value}, hidden "
-                                      f"{hidden_w.value} — SIMULATED {preset_w.value}"))
+    except Exception as exc:                 # said in the panel, where the button's result goes
+        show_in(run_out, f"the run failed: {type(exc).__name__}: {exc}")
+        return
+    m_run = trace.load_run(d / "domino")
+    show_in(run_out,
+            ", ".join(f"rank {r}: {trace.overlap_pct(m_run, rank=r, within='forward'):.0f}% forward, "
+                      f"{trace.overlap_pct(m_run, rank=r, within='backward'):.0f}% backward hidden"
+                      for r in m_run.ranks),
+            trace.timeline_figure(m_run, title=f"MEASURED Domino ({who}), p={p_w.value}, hidden "
+                                  f"{hidden_w.value} — SIMULATED {preset_w.value}"))
 
 
 for w in (p_w, preset_w, hidden_w, sched_w, clock_w):

@@ -29,7 +29,7 @@ from plotly.subplots import make_subplots
 from workbook import link, trace
 from workbook.trace import colors
 from workbook.grading.labs import load_lab
-from workbook.lessons import check_your_work, on_ranks
+from workbook.lessons import check_your_work, on_ranks, show_in
 
 RANKS = 2
 PRESET = "dgx-h100"
@@ -231,9 +231,7 @@ def calculator(change=None):
                hovertemplate="%{x}: communication %{y:.3g} ms<extra></extra>")])
     fig.update_layout(barmode="group", height=420, yaxis=dict(type="log", title="ms per layer"),
                       title=f"{c_preset.value} (real hardware, predicted; {whose()})")
-    calc_out.clear_output(wait=True)
-    with calc_out:
-        display(fig)
+    show_in(calc_out, fig)
 
 
 controls = (c_hidden, c_tp, c_dp, c_seq, c_batch, c_layers, c_preset)
@@ -441,8 +439,8 @@ fig
 # strategies. Stuck? `workbook hint overlap_math N` shows one hint at a time. Re-run this
 # notebook: the messages about the reference go away and the figures' titles name your file. The grader checks your numbers against hand-computed values, then runs
 # 5 TP-like steps on 3 ranks of the simulated link and requires every all-reduce span in the
-# trace to last what your `collective_time` predicts (±2%) and the measured compute to be within
-# a factor of 3 of your prediction. Grade it with `workbook grade --lab overlap_math`, or below.
+# trace to last what your `collective_time` predicts (±2%), your `compute_time` to be the FLOPs
+# over the rate the rank measured (±2%), and the measured compute within a factor of 10 of it. Grade it with `workbook grade --lab overlap_math`, or below.
 
 # %%
 check_your_work("overlap_math")

@@ -41,7 +41,7 @@ from plotly.subplots import make_subplots
 from workbook import link, trace
 from workbook.tensor_parallel import tp_overlap_bench
 from workbook.trace import colors
-from workbook.lessons import check_your_work, on_ranks
+from workbook.lessons import check_your_work, on_ranks, show_in
 from workbook.measure.output import where_measured
 
 PRESET = "dgx-h100"
@@ -374,8 +374,9 @@ def block_runs(impl):
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
     lab, cfg = load_lab("tp_overlap", impl), ModelConfig(dtype="float64")
+    from workbook.runtime.ranks import device
     x = torch.randn(2, cfg.seq_len // torch.distributed.get_world_size(), cfg.hidden,
-                    dtype=torch.float64, requires_grad=True)
+                    dtype=torch.float64, device=device(), requires_grad=True)  # where the block is
     for name, overlap in lab.VARIANTS.items():
         try:
             lab.OverlapBlock(cfg, 0, overlap=overlap)(x).sum().backward()
@@ -495,9 +496,7 @@ def redraw_model(_=None):
                       xaxis=dict(title="TP size n", type="log", tickvals=NS),
                       yaxis_title="exposed µs", height=420,
                       margin=dict(l=10, r=10, t=60, b=40))
-    model_out.clear_output(wait=True)
-    with model_out:
-        display(fig)
+    show_in(model_out, fig)
 
 
 for w in (preset_w, hidden_w, tokens_w, p_w):
