@@ -84,9 +84,13 @@ def test_capture_finder_finds_a_capture(tmp_path):
 
 
 def test_no_lesson_captures_into_an_output_widget():
-    sources = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py")) + [
-        ROOT / "workbook" / "trace" / "view.py", ROOT / "workbook" / "lessons.py"]
+    """Neither a lesson nor any module of the package (the lessons' helpers, the explorers)
+    captures into an Output widget, nor uses ``ipywidgets.interactive``, which captures."""
+    sources = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py")) + sorted(
+        (ROOT / "workbook").rglob("*.py"))
     found = [c for src in sources for c in _captures(src)]
+    found += [f"{src.relative_to(ROOT)}: ipywidgets.interactive" for src in sources
+              if "W.interactive(" in src.read_text() or "ipywidgets.interactive(" in src.read_text()]
     assert not found, ("output captured with `with out:` (stalls headless runs, nbclient#312); "
                        "fill the area with workbook.lessons.show_in(out, ...) instead:\n"
                        + "\n".join(found))

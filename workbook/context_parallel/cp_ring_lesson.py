@@ -280,13 +280,14 @@ def hop_explorer():
     """``hop_verdict`` with widgets: the machine, the sequence, the CP ranks and the heads."""
     import ipywidgets as W
     from workbook import link
-    return W.interactive(
-        hop_verdict,
+    from workbook.measure.lesson_figures import live_figure
+    controls = dict(
         preset=W.Dropdown(options=[p for p in link.PRESETS if p != "none"], value="dgx-h100"),
         seq_k=W.IntSlider(value=128, min=4, max=1024, step=4, description="S (k tokens)"),
         ranks=W.Dropdown(options=[2, 4, 8, 16, 32, 64], value=8, description="CP ranks"),
         heads=W.IntSlider(value=32, min=1, max=128, description="heads"),
         head_dim=W.Dropdown(options=[64, 128, 256], value=128, description="head dim"))
+    return live_figure(hop_verdict, controls, [["preset", "seq_k"], ["ranks", "heads", "head_dim"]])
 
 
 # --------------------------------------------------------------------------- on ranks

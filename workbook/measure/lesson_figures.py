@@ -205,17 +205,23 @@ def lanes_figure(rows: dict, title: str, kind_colors: dict, xtitle: str = "time"
 def live_figure(draw, controls: dict, layout):
     """A panel of widgets over an output that ``draw(**values)`` fills (it may print; a figure it
     returns is shown), drawn now and again whenever a control changes. ``controls``:
-    ``{argument: widget}``; ``layout``: the rows of the panel, each a list of arguments."""
+    ``{argument: widget}``; ``layout``: the rows of the panel, each a list of arguments.
+
+    What ``draw`` prints is collected and shown with its figure by ``show_in``, never captured
+    by ``with out:`` (which stalls headless runs: docs/headless-lessons.md)."""
+    import contextlib
+    import io
+
     import ipywidgets as W
-    from IPython.display import display
+
+    from workbook.trace.view import show_in
     out = W.Output()
 
     def redraw(_=None):
-        out.clear_output(wait=True)
-        with out:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
             fig = draw(**{name: w.value for name, w in controls.items()})
-            if fig is not None:
-                display(fig)
+        show_in(out, printed.getvalue() or None, fig)
 
     for w in controls.values():
         w.observe(redraw, names="value")
