@@ -363,8 +363,10 @@ def main(argv=None) -> int:
     else:
         try:
             args = build_parser().parse_args(argv)
-        except SystemExit as exc:              # --help (0) or a usage error, said in one line (2)
-            return exc.code
+        except SystemExit as exc:              # a usage error, said in one line: exit status 2
+            if exc.code != 2:                  # (--help leaves as argparse has it leave)
+                raise
+            return 2
     try:
         _check_link(getattr(args, "link", None))
         return args.func(args) or 0
