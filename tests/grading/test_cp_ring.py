@@ -519,9 +519,6 @@ def _check_ring(kind: str, n: int) -> None:
                          hint=hint + (merge if key == "out" else ""))
 
 
-_NUMBERS_RIGHT: set = set()
-
-
 def _ring_numbers_first(kind: str) -> None:
     """Traffic and overlap of the ring earn points only once its numbers are right: the
     ``kind`` pass's numerics check on every size it grades (the run ``test_ring_forward`` /
@@ -530,9 +527,8 @@ def _ring_numbers_first(kind: str) -> None:
     def numbers():
         for n in (2, 4):
             _check_ring(kind, n)
-    if kind not in _NUMBERS_RIGHT:
-        numbers_first(numbers, "ring_forward" if kind == "forward" else "ring_backward")
-        _NUMBERS_RIGHT.add(kind)
+    numbers_first(numbers, "ring_forward" if kind == "forward" else "ring_backward",
+                  once=("cp_ring", kind))
 
 
 @pytest.mark.points(2)

@@ -439,7 +439,6 @@ test_zero3 = _numbers_test(2, "Zero3", ("zero3",), "ZeRO-3: the same numbers wit
                            "sharded at rest.")
 NUMBERS_TEST = {"naive": "naive_dp", "bucketed": "bucketed_dp", "zero1": "zero_1_and_2",
                 "zero2": "zero_1_and_2", "zero3": "zero3"}     # the numerics check of a variant
-_NUMBERS_RIGHT: set = set()
 
 
 def _numbers_first(variant: str) -> None:
@@ -449,9 +448,7 @@ def _numbers_first(variant: str) -> None:
     def numbers():
         for n in (2, 4):
             _check_variant(variant, n)
-    if variant not in _NUMBERS_RIGHT:
-        numbers_first(numbers, NUMBERS_TEST[variant])
-        _NUMBERS_RIGHT.add(variant)
+    numbers_first(numbers, NUMBERS_TEST[variant], once=("dp_overlap", variant))
 
 
 @pytest.mark.points(1)

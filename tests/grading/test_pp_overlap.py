@@ -263,7 +263,6 @@ test_1f1b_overlapped = _numbers_test("1f1b_overlap", "OverlappedExecutor", "1F1B
                                      "numbers.")
 NUMBERS_TEST = {"gpipe": "gpipe_blocking", "1f1b": "1f1b_blocking",
                 "1f1b_overlap": "1f1b_overlapped"}          # the numerics check of a variant
-_NUMBERS_RIGHT: set = set()
 
 
 def _numbers_first(variant: str) -> None:
@@ -273,9 +272,7 @@ def _numbers_first(variant: str) -> None:
     def numbers():
         for n in (2, 4):
             _check_numerics(variant, n)
-    if variant not in _NUMBERS_RIGHT:
-        numbers_first(numbers, NUMBERS_TEST[variant])
-        _NUMBERS_RIGHT.add(variant)
+    numbers_first(numbers, NUMBERS_TEST[variant], once=("pp_overlap", variant))
 
 
 # --------------------------------------------------------------------------- traffic

@@ -354,20 +354,15 @@ def _variant_results(variant: str):
     return results
 
 
-_NUMBERS_RIGHT: set = set()
-
-
 def _numbers_first(*variants: str) -> None:
     """The pattern and overlap of ``variants`` earn points only once every part's numbers are
     right under each of them (the run the part tests made is read again, and a variant once
     found right is not compared again: its run is cached, so the verdict cannot change)."""
     for variant in variants:
-        if variant in _NUMBERS_RIGHT:
-            continue
         for part, test in NUMBERS_TESTS:
             numbers_first(lambda: check_part(LAB, part, _variant_results(variant), _linears,
-                                             synced=True), f"{test} [{variant}]")
-        _NUMBERS_RIGHT.add(variant)
+                                             synced=True), f"{test} [{variant}]",
+                          once=("tp_overlap", variant, part))
 
 
 @pytest.mark.points(3)
