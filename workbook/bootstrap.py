@@ -10,7 +10,10 @@ Standard library only, because it runs before anything is installed. Each comman
 4. ``test`` only: installs Debian's Chromium and its driver for the browser tests when it is missing and this
    user may use apt-get (the tests that need it skip where it cannot be had);
 5. runs the demo, or the whole test sequence (what ``.ci/run`` runs), which ends with one line:
-   ``[workbook setup] all N stages passed`` or ``[workbook setup] FAILED: stage "..."``.
+   ``[workbook setup] all N stages passed`` or ``[workbook setup] FAILED: stage "..."``. The
+   package tests run on two pytest-xdist workers and the grading stages beside them
+   (``docs/test-suite.md`` says why, and what each stage's time is); each test's time is kept
+   in ``runs/test-times/``.
 
 Set-up prints one ``[workbook setup]`` line per step it takes; pip's own output is captured and
 shown only when pip fails.
@@ -129,19 +132,32 @@ def ensure_chromium() -> None:
 STUB_TITLE = "grading the generated stubs"
 STUB_NOTE = ("every test is expected to fail with 'not implemented yet'; this stage passes when "
              "they all do, score 0 and nothing hangs")
+PACKAGE_TITLE = "package tests"
+SOLUTIONS_TITLE = "grading solutions/"
+# Stages that run beside the package tests, one after the other, their output kept and shown
+# after the package tests' (docs/test-suite.md: a 2-core machine has cores to spare while tests
+# wait for ranks, kernels and browsers; every check they make holds under that load).
+BESIDE = (SOLUTIONS_TITLE, STUB_TITLE)
+TEST_WORKERS = int(os.environ.get("WORKBOOK_TEST_WORKERS", "2"))   # pytest-xdist workers
+CLOCK_DIR = ROOT / "runs" / "test-times"
 
 
 def stages() -> list[tuple[str, str, list]]:
     """The test command's stages: (title, what to expect, command), run from the repo root."""
     wb = [PY, "-m", "workbook.cli"]
+    # the package tests on TEST_WORKERS pytest-xdist workers, each module on one worker, every
+    # check that reads measured time in one group that runs alone (tests/package/conftest.py);
+    # -p suite_clock records each test's time (tests/bench/suite_time.py reports it)
+    workers = ["-n", str(TEST_WORKERS)] if TEST_WORKERS > 1 else []
     return [
         ("labs/ generated from solutions/", "", [*wb, "assign", "--check"]),
         # the layout: families side by side, layers below (pyproject.toml, tool.importlinter)
         ("import contracts", "", [VENV / "bin" / "lint-imports"]),
         # tests/gpu: the GPU suite; without CUDA every test skips (a second, no more)
-        ("package tests", "", [PY, "-m", "pytest", "-q", "tests/package", "tests/gpu",
-                               "-p", "no:cacheprovider", "--durations=8"]),
-        ("grading solutions/", "must be full marks", [*wb, "grade", "--impl", "solutions", "--strict"]),
+        (PACKAGE_TITLE, "", [PY, "-m", "pytest", "-q", "tests/package", "tests/gpu",
+                             "-p", "no:cacheprovider", "-p", "suite_clock", *workers,
+                             "--durations=8"]),
+        (SOLUTIONS_TITLE, "must be full marks", [*wb, "grade", "--impl", "solutions", "--strict"]),
         (STUB_TITLE, STUB_NOTE, [PY, "-m", "workbook.instructor.selftest", "stubs",
                                  "--level", "standard", "--level", "challenge"]),
     ]
@@ -157,24 +173,86 @@ def summary(titles: list[str], failed: list[str]) -> str:
     return line
 
 
+def _clock_env(clock: Path, stage: str, as_option: bool) -> dict:
+    """The environment of a stage whose pytest records each test's time into ``clock``
+    (``tests/bench/suite_clock.py``); ``as_option``: load the plugin through PYTEST_ADDOPTS, for
+    a stage that starts pytest itself (the grading stages), not on its command line."""
+    bench = str(ROOT / "tests" / "bench")
+    env = dict(os.environ, WORKBOOK_SUITE_CLOCK=str(clock), WORKBOOK_SUITE_CLOCK_STAGE=stage,
+               PYTHONPATH=os.pathsep.join([bench, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    if as_option:
+        env["PYTEST_ADDOPTS"] = " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"),
+                                                       "-p suite_clock"]))
+    return env
+
+
+def _verdict(title: str, code: int, seconds: float) -> str:
+    verdict = "ok" if code == 0 else f"FAILED ({code})"
+    if title == STUB_TITLE and code == 0:
+        verdict = "ok (every stub failed with 'not implemented yet', as expected)"
+    return f"--- {title}: {verdict} in {seconds:.0f} s"
+
+
+def _header(title: str, note: str) -> str:
+    return f"--- {title}: {note}" if note else f"--- {title}"
+
+
 def run_tests() -> int:
     """The whole check: generated labs in sync, package tests, full marks, stubs score zero.
 
     Every stage runs even when an earlier one failed; the last line says how it all went, and
-    the exit code is 1 when any stage failed, 0 when all passed.
+    the exit code is 1 when any stage failed, 0 when all passed. The stages of ``BESIDE`` run
+    one after the other beside the package tests (started with them); their output is kept in
+    a file and shown, in stage order, once the package tests are done.
     """
+    import tempfile
+    import threading
     steps = stages()
-    failed = []
-    for title, note, cmd in steps:
-        say(f"--- {title}: {note}" if note else f"--- {title}")
-        t0 = time.time()
-        code = sh(*cmd, check=False, cwd=ROOT)
-        verdict = "ok" if code == 0 else f"FAILED ({code})"
-        if title == STUB_TITLE and code == 0:
-            verdict = "ok (every stub failed with 'not implemented yet', as expected)"
-        say(f"--- {title}: {verdict} in {time.time() - t0:.0f} s")
-        if code:
-            failed.append(title)
+    CLOCK_DIR.mkdir(parents=True, exist_ok=True)
+    clock = CLOCK_DIR / time.strftime("test-%Y%m%d-%H%M%S.jsonl")
+    results: dict[str, tuple[int, float]] = {}
+    logs: dict[str, Path] = {}
+    beside = [(t, n, c) for t, n, c in steps if t in BESIDE]
+
+    def run_beside(folder: str) -> None:
+        for title, _, cmd in beside:
+            stage = "solutions" if title == SOLUTIONS_TITLE else "stubs"
+            logs[title] = Path(folder) / f"{len(logs)}.log"
+            t0 = time.time()
+            with open(logs[title], "w") as log:
+                code = sh(*cmd, check=False, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                          env=_clock_env(clock, stage, as_option=True))
+            results[title] = (code, time.time() - t0)
+
+    with tempfile.TemporaryDirectory(prefix="workbook-stages-") as folder:
+        side = threading.Thread(target=run_beside, args=(folder,), daemon=True)
+        for title, note, cmd in steps:
+            if title in BESIDE:
+                continue
+            if title == PACKAGE_TITLE and beside:
+                say(f"--- the {len(beside)} grading stages run beside the package tests; their "
+                    f"output follows theirs")
+                side.start()
+            say(_header(title, note))
+            t0 = time.time()
+            kw = {"env": _clock_env(clock, "package", as_option=False)} \
+                if title == PACKAGE_TITLE else {}
+            code = sh(*cmd, check=False, cwd=ROOT, **kw)
+            results[title] = (code, time.time() - t0)
+            say(_verdict(title, code, results[title][1]))
+        if beside:
+            if side.ident is None:                  # no package tests stage: run them now
+                side.start()
+            side.join()
+            for title, note, _ in beside:
+                say(_header(title, note))
+                if title in logs and logs[title].exists():
+                    print(logs[title].read_text(errors="replace"), end="", flush=True)
+                say(_verdict(title, *results.get(title, (1, 0.0))))
+    failed = [t for t, _, _ in steps if results.get(t, (1, 0))[0]]
+    if clock.exists():
+        say(f"each test's time: {clock.relative_to(ROOT)} "
+            f"(.venv/bin/python tests/bench/suite_time.py --table {clock.relative_to(ROOT)})")
     say(summary([t for t, _, _ in steps], failed))
     return 1 if failed else 0
 

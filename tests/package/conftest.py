@@ -2,7 +2,37 @@
 
 The link calibration is pinned (WORKBOOK_LOCAL_FLOPS) so that modelled times do not depend on how
 busy this machine is while the tests run; rank pools inherit it when they start.
+
+The test command runs these tests on two pytest-xdist workers (docs/test-suite.md). Each module is one group, so a module's fixtures (a JupyterLab, a graded
+wrong lab, a rank pool) are made once, on one worker; the modules that grade measured time (an
+overlap figure of a wrong lab, a solution graded for full marks, a benchmark's figures) form one
+group, ``timed``, so that no two of them ever measure at the same time.
 """
 import os
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("WORKBOOK_LOCAL_FLOPS", "5e10")
+
+TIMED = {"test_wrong_impls_caught", "test_autograder", "test_class_grading", "test_learner",
+         "test_trace_steps", "test_selfcheck_traces"}
+
+
+def is_timed(module: str) -> bool:
+    """Does this test module judge measured time (its checks grade an overlap figure)?"""
+    return module in TIMED or module.endswith("_wrong_caught") or module.startswith("test_bench_")
+
+
+@pytest.hookimpl(optionalhook=True)            # only where pytest-xdist is installed
+def pytest_xdist_make_scheduler(config, log):
+    """Whole modules to a worker, and every module of ``is_timed`` to one worker, in turn (the
+    ``xdist_group`` marker does not group under pytest 9's node ids: a scheduler of our own)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "timed" if is_timed(Path(module).stem) else module
+
+    return ModuleGroups(config, log)

@@ -36,7 +36,10 @@ def _run(monkeypatch, capsys, failing=()):
     monkeypatch.setattr(bootstrap, "sh", fake_sh)
     code = bootstrap.run_tests()
     lines = capsys.readouterr().out.splitlines()
-    assert ran == titles, "every stage runs, even after a failure"
+    assert sorted(ran) == sorted(titles), "every stage runs, even after a failure"
+    headers = [next(i for i, line in enumerate(lines) if line.startswith(f"{PREFIX}--- {t}"))
+               for t in titles]
+    assert headers == sorted(headers), "each stage's output is shown in stage order"
     return code, lines, titles
 
 

@@ -1,8 +1,10 @@
 """The learner's loop, tried the way a new user meets it: a wrong answer, a hang, a stub.
 
 * a wrong answer gives a verdict (rank, build, expected vs got), exit 1, never a hang report;
-* a hang ends in the per-rank report with default options, exit 2, under ``workbook run`` and
-  under ``torchrun`` (one report, not a traceback per rank), and leaves no process behind;
+* a hang ends in the per-rank report, exit 2, under ``workbook run`` and under ``torchrun`` (one
+  report, not a traceback per rank), and leaves no process behind; default options arm it with
+  the default timeout (read from what the self-check is handed), the real hang runs with a short
+  one;
 * every generated stub's self-check exits 1;
 * the grader lists each failure once, with its full message and without its own source.
 """
@@ -76,27 +78,48 @@ def test_wrong_answers_give_verdicts_not_hangs(tmp_path):
     assert "ok    use_builtins" in out                           # the rest still ran
 
 
-def test_a_hang_ends_in_the_report_by_default(tmp_path):
-    """A barrier that skips one receive: ``workbook run`` (default options) and ``torchrun``
-    (run side by side) both end with the per-rank report, exit status 2, in few lines, and
-    leave no process behind."""
+HANG_TIMEOUT_S = 4        # the real hang below: seconds without progress before the report
+
+
+def test_default_options_arm_the_hang_report_with_the_default_timeout(tmp_path, monkeypatch):
+    """With no options, ``workbook run LAB`` and ``python labs/LAB.py`` (what ``torchrun`` runs)
+    both hand the self-check the default no-progress timeout: what the real hang below, run with
+    a short one, shows happens then (proving it by waiting out the default would take a minute)."""
+    from workbook import cli, selfcheck
+    seen = []
+    monkeypatch.setattr(selfcheck, "self_check", lambda lab, **kw: seen.append(kw["timeout"]) or 0)
+    lab = _lab_copy(tmp_path, "default")
+    assert cli.main(["run", "collectives", "--impl", str(lab)]) == 0
+    with pytest.raises(SystemExit) as done:
+        selfcheck.main(str(lab / "collectives.py"), [])
+    assert done.value.code == 0
+    assert seen == [selfcheck.DEFAULT_TIMEOUT_S] * 2 and selfcheck.DEFAULT_TIMEOUT_S == 60.0
+
+
+def test_a_hang_ends_in_the_report(tmp_path):
+    """A barrier that skips one receive: ``workbook run`` and ``torchrun`` (run side by side)
+    both end with the per-rank report, exit status 2, in few lines, and leave no process behind.
+    The no-progress timeout is short here; the test above shows the default one is armed."""
     lab = _lab_copy(tmp_path, "hang", BARRIER_SKIPS_A_RECV)
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     t0 = time.monotonic()
+    timeout = ["--timeout", str(HANG_TIMEOUT_S)]
     jobs = {"workbook run": subprocess.Popen(
         [sys.executable, "-m", "workbook.cli", "run", "collectives", "--impl", str(lab),
-         "--nproc", "4"], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+         "--nproc", "4", *timeout], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)}
     if torchrun:
         jobs["torchrun"] = subprocess.Popen(
-            [torchrun, "--standalone", "--nproc_per_node=4", str(lab / "collectives.py")],
-            cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            [torchrun, "--standalone", "--nproc_per_node=4", str(lab / "collectives.py"),
+             *timeout], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT)
     outs = {name: p.communicate(timeout=300)[0] for name, p in jobs.items()}
     seconds = time.monotonic() - t0
     out = outs["workbook run"]
     assert jobs["workbook run"].returncode == 2, out
     assert "HANG  barrier_waits_for_everyone" in out, out
+    assert f"no rank made progress for {HANG_TIMEOUT_S} s" in out, out
     assert "rank 1: in your wait() on isend" in out and "dst=3)" in out, out   # rank 3 skipped it
     assert "ranks disagree" in out, out
     assert len(out.splitlines()) <= 40, out

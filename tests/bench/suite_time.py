@@ -1,0 +1,173 @@
+"""Where the test command's time goes: by module, by kind, by lab against its budget.
+
+    python tests/bench/suite_time.py                 # run the package tests clocked, then report
+    python tests/bench/suite_time.py --table FILE    # report a recorded clock file, run nothing
+    python tests/bench/suite_time.py -- -k domino    # pass pytest arguments after ``--``
+
+The test command (``python3 -m workbook.bootstrap test``) records the clock of every run into
+``runs/test-times/`` (one JSON line per test, written by ``tests/bench/suite_clock.py``: wall,
+CPU of the whole process tree, time spent starting rank pools, processes started); the stages it
+runs besides pytest (grading the solutions, grading the stubs) record their times per lab in the
+same folder. This script prints, from those lines:
+
+* the **kinds** of time: *starting ranks* (``RankPool`` start-ups), *compute* (CPU seconds of the
+  test and everything it started, at most the wall time left), *waiting* (no core busy for the
+  test: sleeps, timeouts, one process waiting for another);
+* the **modules**, slowest first, with their tests' wall time split into those kinds;
+* the **slowest tests** (none may exceed 60 s: ``docs/test-suite.md``);
+* each **lab's share** of the suite against its budget of ``LAB_BUDGET_S`` (90 s): its package
+  tests (wrong fixtures, prediction, bench and lesson tests), its notebook and browser runs, and
+  its grader on the solutions and on the stubs.
+
+It is a benchmark, not a test: it prints figures and exits 0 whatever they are, unless
+``--check-budget`` is given (then 1 when a lab is over budget or a test over 60 s).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_BUDGET_S = 90.0
+TEST_LIMIT_S = 60.0
+LABS = ("collectives", "ring_allreduce", "async_overlap", "tp_overlap", "tp", "sp", "domino",
+        "overlap_math", "dp_overlap", "pp_overlap", "cp_ring")
+# lesson number -> the lab it ends with (README's table)
+LESSON_LAB = {"01": "collectives", "02": "ring_allreduce", "03": "async_overlap", "04": "tp",
+              "05": "sp", "06": "domino", "07": "overlap_math", "08": "tp_overlap",
+              "09": "dp_overlap", "10": "pp_overlap", "11": "cp_ring"}
+
+
+def lab_of(test: str) -> str | None:
+    """The lab a test belongs to, from its module name or its lesson parameter (None: shared)."""
+    module, _, name = test.partition("::")
+    stem = Path(module).stem.removeprefix("test_")
+    lesson = re.search(r"\[(\d\d)(?:_|\])", name)
+    if lesson and lesson.group(1) in LESSON_LAB:
+        return LESSON_LAB[lesson.group(1)]
+    if module.startswith("tests/grading/"):                 # the grader's own tests
+        return stem
+    for lab in LABS:                                        # longest names first where it matters
+        if stem == lab or stem.startswith(lab + "_") or stem.startswith("bench_" + lab):
+            return lab
+    if stem in ("ring_collectives_wrong_caught",):
+        return "ring_allreduce"
+    if stem == "tp_sp_wrong_caught":
+        return "tp"
+    return None
+
+
+def kinds(r: dict) -> tuple[float, float, float]:
+    """(starting ranks, compute, waiting) seconds of one test record."""
+    wall = r["wall"]
+    start = min(r.get("rank_start", 0.0), wall)
+    compute = min(max(r.get("cpu", 0.0) - start, 0.0), wall - start)
+    return start, compute, wall - start - compute
+
+
+def load(paths: list[Path]) -> list[dict]:
+    rows = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
+def report(rows: list[dict], top: int = 25, out=sys.stdout) -> dict:
+    tests = [r for r in rows if r.get("stage", "package") == "package"]
+    stage_rows = [r for r in rows if r.get("stage", "package") != "package"]
+    p = lambda *a: print(*a, file=out)                      # noqa: E731
+    total = sum(r["wall"] for r in tests)
+    s, c, w = (sum(k[i] for k in map(kinds, tests)) for i in range(3))
+    p(f"package tests: {len(tests)} tests, {total:.0f} s of test time "
+      f"(serial sum; under xdist the wall clock is less)")
+    if total:
+        p(f"  starting ranks {s:7.0f} s  {100 * s / total:4.0f} %")
+        p(f"  compute        {c:7.0f} s  {100 * c / total:4.0f} %")
+        p(f"  waiting        {w:7.0f} s  {100 * w / total:4.0f} %")
+        p(f"  processes started: {sum(r.get('procs', 0) for r in tests)} (each imports torch)")
+
+    by_module: dict[str, list[dict]] = defaultdict(list)
+    for r in tests:
+        by_module[r["test"].split("::")[0]].append(r)
+    p(f"\n{'module':52} {'tests':>5} {'wall s':>7} {'ranks':>6} {'cpu':>6} {'wait':>6}")
+    for module, rs in sorted(by_module.items(), key=lambda kv: -sum(r["wall"] for r in kv[1])):
+        ks = [kinds(r) for r in rs]
+        p(f"{module.removeprefix('tests/'):52} {len(rs):5} {sum(r['wall'] for r in rs):7.1f} "
+          f"{sum(k[0] for k in ks):6.1f} {sum(k[1] for k in ks):6.1f} {sum(k[2] for k in ks):6.1f}")
+
+    p(f"\nslowest {top} tests (limit {TEST_LIMIT_S:.0f} s each)")
+    for r in sorted(tests, key=lambda r: -r["wall"])[:top]:
+        flag = "  OVER" if r["wall"] > TEST_LIMIT_S else ""
+        p(f"{r['wall']:7.1f} s  cpu {r.get('cpu', 0):5.1f}  {r['test'][:110]}{flag}")
+
+    shares: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for r in tests:
+        lab = lab_of(r["test"])
+        if lab:
+            kind = "lesson" if re.search(r"notebook|browser|lesson", r["test"]) else "tests"
+            shares[lab][kind] += r["wall"]
+    for r in stage_rows:                                    # the grader on solutions / stubs
+        lab = lab_of(r["test"])
+        if lab:
+            shares[lab]["stubs" if r["stage"].startswith("stubs") else "solutions"] += r["wall"]
+    p(f"\neach lab's share (budget {LAB_BUDGET_S:.0f} s): package tests, lessons, "
+      f"grader on solutions, on stubs")
+    p(f"{'lab':16} {'tests':>7} {'lesson':>7} {'solns':>7} {'stubs':>7} {'total':>7}")
+    over = []
+    for lab in LABS:
+        sh = shares.get(lab, {})
+        t = sum(sh.values())
+        flag = "  OVER" if t > LAB_BUDGET_S else ""
+        if flag:
+            over.append(lab)
+        p(f"{lab:16} {sh.get('tests', 0):7.1f} {sh.get('lesson', 0):7.1f} "
+          f"{sh.get('solutions', 0):7.1f} {sh.get('stubs', 0):7.1f} {t:7.1f}{flag}")
+    shared = sum(r["wall"] for r in tests if lab_of(r["test"]) is None)
+    p(f"{'(shared)':16} {shared:7.1f}   tests of the package itself, no lab's")
+    return {"over_budget": over,
+            "over_limit": [r["test"] for r in tests if r["wall"] > TEST_LIMIT_S]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--table", nargs="+", type=Path, help="report these clock files, run nothing")
+    ap.add_argument("--record", type=Path, help="clock file to write (default: runs/test-times/)")
+    ap.add_argument("--top", type=int, default=25, help="how many slowest tests to list")
+    ap.add_argument("--check-budget", action="store_true",
+                    help="exit 1 when a lab is over its budget or a test over the limit")
+    ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
+    args = ap.parse_args(argv)
+    if args.table:
+        missing = [str(p) for p in args.table if not p.exists()]
+        if missing:
+            ap.error(f"no such clock file: {', '.join(missing)}")
+        paths = args.table
+    else:
+        record = args.record or ROOT / "runs" / "test-times" / time.strftime("suite-%Y%m%d-%H%M%S.jsonl")
+        record.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, WORKBOOK_SUITE_CLOCK=str(record),
+                   PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "bench"),
+                                               *filter(None, [os.environ.get("PYTHONPATH")])]))
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "suite_clock", "-p", "no:cacheprovider",
+               *(args.pytest_args or ["tests/package", "tests/gpu"])]
+        t0 = time.monotonic()
+        subprocess.call(cmd, cwd=ROOT, env=env)
+        print(f"\nwall clock of the run: {time.monotonic() - t0:.0f} s; clock file: {record}")
+        paths = [record]
+    result = report(load(paths), top=args.top)
+    if args.check_budget and (result["over_budget"] or result["over_limit"]):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
