@@ -41,8 +41,9 @@ def say(msg: str) -> None:
 
 
 def sh(*cmd, check=True, quiet=False, **kw) -> int:
-    out = subprocess.DEVNULL if quiet else None
-    code = subprocess.call([str(c) for c in cmd], stdout=out, **kw)
+    if quiet:
+        kw["stdout"] = subprocess.DEVNULL
+    code = subprocess.call([str(c) for c in cmd], **kw)
     if check and code:
         raise SystemExit(f"[workbook setup] failed ({code}): {' '.join(map(str, cmd))}")
     return code

@@ -1,7 +1,8 @@
 """Shared set-up for the package's own tests.
 
 The link calibration is pinned (WORKBOOK_LOCAL_FLOPS) so that modelled times do not depend on how
-busy this machine is while the tests run; rank pools inherit it when they start.
+busy this machine is while the tests run, and each rank keeps the model weights it drew
+(WORKBOOK_WEIGHT_CACHE_MB); rank pools inherit both when they start.
 
 The test command runs these tests on two pytest-xdist workers (docs/test-suite.md). Each module is one group, so a module's fixtures (a JupyterLab, a graded
 wrong lab, a rank pool) are made once, on one worker; the modules that grade measured time (an
@@ -14,6 +15,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("WORKBOOK_LOCAL_FLOPS", "5e10")
+# a warm rank keeps the weights it drew (workbook.model.init.full_weight): the graders build
+# the same model many times here, and drawing a large one takes seconds
+os.environ.setdefault("WORKBOOK_WEIGHT_CACHE_MB", "512")
 
 TIMED = {"test_wrong_impls_caught", "test_autograder", "test_class_grading", "test_learner",
          "test_trace_steps", "test_selfcheck_traces"}

@@ -239,7 +239,7 @@ def test_lesson_runs_in_chromium(browser, lesson):
                 return s
             return s if s and s["done"] == s["code"] and s["status"] == "idle" else None
 
-        state = _wait_until("every cell to run", finished, RUN_TIMEOUT_S, every=2.0)
+        state = _wait_until("every cell to run", finished, RUN_TIMEOUT_S)
         # the widget panel re-renders its figure asynchronously: give the renderers a moment
         if not state["errors"]:
             state = _wait_until("a plotly figure and a widget", lambda: (

@@ -382,3 +382,27 @@ def test_make_batch(pattern):
     assert torch.equal(tokens, again) and not torch.equal(tokens, other)
     assert torch.equal(tokens[:, 1:], targets[:, :-1])
     assert 0 <= int(tokens.min()) and int(tokens.max()) < cfg.vocab_size
+
+
+def test_kept_weights_equal_drawn_ones_and_are_handed_out_as_copies(monkeypatch):
+    """WORKBOOK_WEIGHT_CACHE_MB lets a process keep the weights it drew: the same values as a
+    fresh draw, a new tensor each time (a lab that changes one in place changes no other), and
+    never more bytes kept than the budget."""
+    from workbook.model import init
+    cfg = ModelConfig(n_layers=2)
+    name, shape = "blocks.0.mlp.fc1.weight", init.parameter_shapes(cfg)["blocks.0.mlp.fc1.weight"]
+    monkeypatch.setattr(init, "_KEPT", type(init._KEPT)())
+    monkeypatch.setenv("WORKBOOK_WEIGHT_CACHE_MB", "0")
+    drawn = init.full_weight(cfg, name, shape)
+    assert not init._KEPT                                           # default: keep nothing
+    monkeypatch.setenv("WORKBOOK_WEIGHT_CACHE_MB", "64")
+    first = init.full_weight(cfg, name, shape)
+    first.add_(1.0)                                                 # a lab's in-place update
+    second = init.full_weight(cfg, name, shape)
+    assert torch.equal(second, drawn) and second.data_ptr() != first.data_ptr()
+    assert len(init._KEPT) == 1
+    budget = drawn.numel() * drawn.element_size() * 1.5 / 2**20      # room for one, not two
+    monkeypatch.setenv("WORKBOOK_WEIGHT_CACHE_MB", str(budget))
+    other = init.full_weight(cfg, "blocks.1.mlp.fc1.weight", shape)
+    assert len(init._KEPT) == 1 and torch.equal(init.full_weight(cfg, name, shape), drawn)
+    assert not torch.equal(other, drawn)

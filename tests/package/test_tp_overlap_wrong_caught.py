@@ -21,7 +21,7 @@ a pytest subprocess, without starting torch and four pools per folder.
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, outcomes_fixture
+from wrong_labs import assert_caught, grade_in_process
 
 NUMERICS = ("test_linears", "test_mlp", "test_attention", "test_block")
 BOTH_OVERLAPS = ("test_forward_communication_hidden", "test_backward_communication_hidden")
@@ -55,9 +55,6 @@ CASES = {
 }
 
 
-outcomes = outcomes_fixture("tp_overlap", CASES)
-
-
 def per_test(outcome: dict) -> dict:
     """``outcome`` with a parametrised test's instances (``test_x[2]``, ``test_x[3]``) as one
     test, ``test_x``: its first failure's message, None when every instance passed (CASES name
@@ -71,8 +68,9 @@ def per_test(outcome: dict) -> dict:
 
 
 @pytest.mark.parametrize("folder", sorted(CASES))
-def test_wrong_tp_overlap_caught(folder, outcomes):
-    assert_caught(folder, per_test(outcomes[folder]), CASES[folder])
-    escaped = [name for name, message in outcomes[folder].items()        # every instance fails
+def test_wrong_tp_overlap_caught(folder):
+    outcome = grade_in_process(folder, "tp_overlap")        # this folder only, in its own test
+    assert_caught(folder, per_test(outcome), CASES[folder])
+    escaped = [name for name, message in outcome.items()        # every instance fails
                if name.split("[")[0] in CASES[folder] and message is None]
     assert not escaped, f"{folder}: {escaped} passed; every instance of a failing test must fail"

@@ -13,8 +13,6 @@ import xml.etree.ElementTree as ET
 from importlib.metadata import entry_points
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 GRADING = ROOT / "tests" / "grading"
 WRONG = GRADING / "wrong"
@@ -98,17 +96,6 @@ def grade_in_process(folder: str, lab: str) -> dict[str, str | None]:
     return {f"test_{v.name}": None if v.status in (engine.PASSED, engine.SKIPPED) else
             v.message if v.status == engine.FAILED else f"{v.status}: {v.message}"
             for v in verdicts_in_process(folder, lab)}
-
-
-def outcomes_fixture(lab: str, cases):
-    """A module-scoped fixture ``outcomes``: ``{folder: grade_in_process(folder, lab)}`` for each
-    folder of ``cases``, one after the other (overlap tests measure wall-clock time, and several
-    graders at once on a small machine would disturb each other). Use it as
-    ``outcomes = outcomes_fixture("domino", CASES)``."""
-    @pytest.fixture(scope="module")
-    def outcomes():
-        return {folder: grade_in_process(folder, lab) for folder in cases}
-    return outcomes
 
 
 def assert_caught(folder: str, outcome: dict, expected: dict, never=()) -> None:

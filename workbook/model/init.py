@@ -119,15 +119,48 @@ def _is_norm(name: str) -> bool:
     return any(part.startswith("norm") for part in name.split(".")[:-1])
 
 
+# Drawing a large model's weights in float64 takes seconds (100M numbers: about 3 s on one
+# core), and a test suite builds the same model again and again in the same warm rank
+# processes. Since a weight is a pure function of its key, a process may keep the weights it
+# drew, up to WORKBOOK_WEIGHT_CACHE_MB megabytes (default 0: keep none; the package's tests set
+# it), the least recently used dropped first. A kept weight is handed out as a copy.
+_KEPT: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+
+
+def _keep_budget() -> int:
+    import os
+    try:
+        return max(0, int(float(os.environ.get("WORKBOOK_WEIGHT_CACHE_MB", "0")) * 2**20))
+    except ValueError:
+        return 0
+
+
 def full_weight(cfg: ModelConfig, name: str, shape: Sequence[int],
                 device: Optional[torch.device] = None) -> torch.Tensor:
     """The full (unsharded) initial value of parameter ``name``.
 
     A pure function of ``(cfg.seed, name, shape)``: drawn in float64 on the
     CPU, then cast to ``cfg.dtype`` (so fp32 weights are the fp64 weights
-    rounded) and moved to ``device``.
+    rounded) and moved to ``device``. Always a new tensor (a kept one is copied).
     """
     shape = tuple(int(s) for s in shape)
+    key = (cfg.seed, name, shape, cfg.n_layers, cfg.torch_dtype)
+    budget = _keep_budget()
+    if key in _KEPT:
+        _KEPT.move_to_end(key)
+        return _KEPT[key].clone().to(device=device)
+    value = _draw_weight(cfg, name, shape)
+    nbytes = value.numel() * value.element_size()
+    if 0 < nbytes <= budget:
+        _KEPT[key] = value
+        while sum(t.numel() * t.element_size() for t in _KEPT.values()) > budget:
+            _KEPT.popitem(last=False)
+        value = value.clone()
+    return value.to(device=device)
+
+
+def _draw_weight(cfg: ModelConfig, name: str, shape: Tuple[int, ...]) -> torch.Tensor:
+    """``full_weight``'s value on the CPU, drawn (see the module docstring)."""
     gen = generator_for(cfg.seed, "weight", name)
     noise = torch.randn(shape, generator=gen, dtype=torch.float64)
     if _is_norm(name):
@@ -138,7 +171,7 @@ def full_weight(cfg: ModelConfig, name: str, shape: Sequence[int],
         value = (WEIGHT_STD / math.sqrt(2.0 * cfg.n_layers)) * noise
     else:
         value = WEIGHT_STD * noise
-    return value.to(dtype=cfg.torch_dtype, device=device)
+    return value.to(dtype=cfg.torch_dtype)
 
 
 def full_weights(cfg: ModelConfig, device: Optional[torch.device] = None) -> Dict[str, torch.Tensor]:
