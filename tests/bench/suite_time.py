@@ -1,9 +1,11 @@
 """Where the test command's time goes: by module, by kind, by lab against its budget.
 
-    python tests/bench/suite_time.py                 # run the package tests clocked, then report
+    python tests/bench/suite_time.py                 # run the suite clocked, serially, then report
     python tests/bench/suite_time.py --table FILE    # report a recorded clock file, run nothing
     python tests/bench/suite_time.py -- -k domino    # pass pytest arguments after ``--``
 
+With no ``--table``, it runs the package tests serially (one pytest process: each test's time
+alone, the figure each lab's budget is stated in), then the two grading stages, all clocked.
 The test command (``python3 -m workbook.bootstrap test``) records the clock of every run into
 ``runs/test-times/`` (one JSON line per test, written by ``tests/bench/suite_clock.py``: wall,
 CPU of the whole process tree, time spent starting rank pools, processes started); the stages it
@@ -144,6 +146,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=25, help="how many slowest tests to list")
     ap.add_argument("--check-budget", action="store_true",
                     help="exit 1 when a lab is over its budget or a test over the limit")
+    ap.add_argument("--no-grading", action="store_true",
+                    help="leave out the grading stages (solutions, stubs): package tests only")
     ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = ap.parse_args(argv)
     if args.table:
@@ -161,7 +165,20 @@ def main(argv=None) -> int:
                *(args.pytest_args or ["tests/package", "tests/gpu"])]
         t0 = time.monotonic()
         subprocess.call(cmd, cwd=ROOT, env=env)
-        print(f"\nwall clock of the run: {time.monotonic() - t0:.0f} s; clock file: {record}")
+        took = {"package tests": time.monotonic() - t0}
+        if not args.no_grading and not args.pytest_args:   # the test command's grading stages
+            env["PYTEST_ADDOPTS"] = "-p suite_clock"
+            for stage, stage_cmd in (
+                    ("solutions", ["-m", "workbook.cli", "grade", "--impl", "solutions", "--strict"]),
+                    ("stubs", ["-m", "workbook.instructor.selftest", "stubs", "--level", "standard",
+                               "--level", "challenge"])):
+                t1 = time.monotonic()
+                subprocess.call([sys.executable, *stage_cmd], cwd=ROOT,
+                                env=dict(env, WORKBOOK_SUITE_CLOCK_STAGE=stage),
+                                stdout=subprocess.DEVNULL)
+                took[stage] = time.monotonic() - t1
+        print("\n" + "; ".join(f"{k} {v:.0f} s" for k, v in took.items())
+              + f" (run one after the other); clock file: {record}")
         paths = [record]
     result = report(load(paths), top=args.top)
     if args.check_budget and (result["over_budget"] or result["over_limit"]):
