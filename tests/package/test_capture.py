@@ -131,3 +131,21 @@ def test_each_call_counted_once_and_runtime_threads_hidden(tmp_path, link_name):
         assert any("pt_gloo_runloop" in r for r in rows)
     table = collectives_table_html(run)
     assert "<td>barrier</td><td>1 · " in table and "1 in barrier" in table
+
+
+def test_the_clocks_are_tied_by_the_shortest_sync_marker():
+    """A rank descheduled inside a sync marker (its host read 8 ms after the range began) must
+    not shift the link's spans by 8 ms: the shortest marker, at its middle, gives the offset."""
+    from workbook.trace.capture import SYNC_MARKER, _clock_offset
+    profiler_minus_host_us = 1_000.0
+    reads_ns = [5_000_000, 20_000_000, 30_000_000]
+    # marker 0 was preempted: its range is 8 ms long and the read came at its end
+    events = [{"ph": "X", "name": SYNC_MARKER, "pid": 7, "ts": 5_000 + profiler_minus_host_us - 8_000,
+               "dur": 8_000.2},
+              {"ph": "X", "name": SYNC_MARKER, "pid": 7, "ts": 20_000 + profiler_minus_host_us - 1.0,
+               "dur": 2.0},
+              {"ph": "X", "name": SYNC_MARKER, "pid": 7, "ts": 30_000 + profiler_minus_host_us - 3.0,
+               "dur": 6.0}]
+    pid, offset = _clock_offset(events, reads_ns)
+    assert pid == 7 and offset == pytest.approx(profiler_minus_host_us, abs=1.0)
+    assert _clock_offset([], reads_ns)[1] == 0.0

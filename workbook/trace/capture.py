@@ -17,7 +17,8 @@ where an op's real transfer finished after its modelled end (a peer issued it la
 counted apart from the communication itself (``Metrics.skew_us``).
 
 Clocks: the profiler stamps events with its own clock, the link with ``time.perf_counter_ns``.
-A marker range recorded at a known ``perf_counter_ns`` ties the two together.
+Marker ranges recorded around known ``perf_counter_ns`` reads tie the two together (the
+shortest of several, at its middle: ``_clock_offset``).
 
 Steps: a trace that holds two builds of a comparison (vanilla TP, then Domino) marks each as a
 step of its own with ``traced_step(n)``, a ``ProfilerStep#n`` range (what ``prof.step()``
@@ -181,6 +182,28 @@ def _warm_up_profiler(activities) -> None:
         _PROFILER_WARM = True
 
 
+SYNC_TRIES = 5
+
+
+def _clock_offset(events: list[dict], sync_ns: list[int]) -> tuple[int, float]:
+    """``(pid, offset)``: the profiler's pid and its clock minus the host's, in µs, from the
+    sync markers (each a ``record_function`` range around one ``perf_counter_ns`` read).
+
+    The read lies somewhere inside its marker's range: a rank descheduled between the two (a
+    loaded machine: milliseconds) would shift every link span by that much against the
+    profiler's events, and a receive of the next phase could be drawn inside the previous one.
+    So the shortest of several markers is used, at its middle: the error is at most half its
+    length (microseconds)."""
+    markers = sorted((e for e in events if e.get("name") == SYNC_MARKER and e.get("ph") == "X"),
+                     key=lambda e: e["ts"])
+    if not markers:
+        return os.getpid(), 0.0
+    pairs = list(zip(markers, sync_ns)) if len(markers) == len(sync_ns) else \
+        [(markers[0], sync_ns[0])]
+    marker, read_ns = min(pairs, key=lambda pair: pair[0].get("dur", 0.0))
+    return marker["pid"], marker["ts"] + marker.get("dur", 0.0) / 2 - read_ns / 1000
+
+
 @contextmanager
 def rank_trace(run_dir, *, lab: str = "", run_id: str | None = None):
     """Profile the enclosed code on this rank; see the module docstring."""
@@ -197,8 +220,10 @@ def rank_trace(run_dir, *, lab: str = "", run_id: str | None = None):
     with _Profile(activities=activities) as prof:
         with record_function(WARMUP_MARKER):
             pass
-        with record_function(SYNC_MARKER):
-            sync_ns = time.perf_counter_ns()
+        sync_ns = []                      # the host clock read inside each sync marker
+        for _ in range(SYNC_TRIES):
+            with record_function(SYNC_MARKER):
+                sync_ns.append(time.perf_counter_ns())
         yield prof
         if on_gpu:                        # every kernel launched inside the block has ended
             torch.cuda.synchronize()
@@ -209,9 +234,7 @@ def rank_trace(run_dir, *, lab: str = "", run_id: str | None = None):
     trace = json.loads(raw.read_text())
     raw.unlink()
     events = trace["traceEvents"]
-    marker = next((e for e in events if e.get("name") == SYNC_MARKER and e.get("ph") == "X"), None)
-    pid = marker["pid"] if marker else os.getpid()
-    offset_us = (marker["ts"] - sync_ns / 1000) if marker else 0.0
+    pid, offset_us = _clock_offset(events, sync_ns)
     events.extend(link_events(records, pid, offset_us, started_ns))
     trace.setdefault("distributedInfo", {"rank": rank, "world_size": dist.get_world_size()
                                          if dist.is_initialized() else 1,
