@@ -14,11 +14,15 @@ tests/grading/wrong/domino_*/ fails exactly the tests it should, with a message 
 Each folder is graded through the self-check engine in this process (the grader's own checks
 and messages, on the warm rank pools), one after the other: the overlap tests
 measure wall-clock time, and several graders at once on a small machine would disturb each other.
+
+The prediction's wrong lab is the solution but for its prediction, a pure function nothing else
+calls: it is graded on the prediction's check alone (``wrong_labs.grade_one_mistake``, which
+first checks that nothing else differs), the rest being the reference the solutions stage grades.
 """
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, grade_in_process
+from wrong_labs import assert_caught, grade_in_process, grade_one_mistake
 
 NUMERICS = ("test_domino_matches_reference_tp2", "test_domino_matches_reference_tp4")
 BOTH_OVERLAPS = ("test_forward_communication_hidden", "test_backward_communication_hidden")
@@ -56,7 +60,14 @@ CASES = {
 }
 
 
+# the wrong labs that are the solution but for one pure function, graded on its checks alone
+ONE_FUNCTION = {"domino_prediction_payload_bytes": "predict_exposed_ms"}
+
+
 @pytest.mark.parametrize("folder", sorted(CASES))
 def test_wrong_domino_is_caught(folder):
-    outcome = grade_in_process(folder, "domino")        # this folder only, in its own test
+    if folder in ONE_FUNCTION:     # the solution but for one pure function: its checks only
+        outcome = grade_one_mistake(folder, "domino", ONE_FUNCTION[folder])
+    else:                          # every check, this folder only, in its own test
+        outcome = grade_in_process(folder, "domino")
     assert_caught(folder, outcome, CASES[folder])

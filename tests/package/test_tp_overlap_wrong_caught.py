@@ -17,11 +17,15 @@ tests/grading/wrong/tp_overlap_*/ fails exactly the tests it should, with a mess
 Each folder is graded through the self-check engine in this process, one after the other (the
 overlap tests measure wall-clock time), on the warm rank pools: the same checks and messages as
 a pytest subprocess, without starting torch and four pools per folder.
+
+The prediction's wrong lab is the solution but for its prediction, a pure function nothing else
+calls: it is graded on the prediction's check alone (``wrong_labs.grade_one_mistake``, which
+first checks that nothing else differs), the rest being the reference the solutions stage grades.
 """
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, grade_in_process
+from wrong_labs import assert_caught, grade_in_process, grade_one_mistake
 
 NUMERICS = ("test_linears", "test_mlp", "test_attention", "test_block")
 BOTH_OVERLAPS = ("test_forward_communication_hidden", "test_backward_communication_hidden")
@@ -67,10 +71,24 @@ def per_test(outcome: dict) -> dict:
     return merged
 
 
+# the wrong labs that are the solution but for one pure function, graded on its checks alone
+ONE_FUNCTION = {"tp_overlap_prediction_no_latency": "predict_ring_exposed_ms"}
+
+
 @pytest.mark.parametrize("folder", sorted(CASES))
 def test_wrong_tp_overlap_caught(folder):
-    outcome = grade_in_process(folder, "tp_overlap")        # this folder only, in its own test
+    if folder in ONE_FUNCTION:     # the solution but for one pure function: its checks only
+        outcome = grade_one_mistake(folder, "tp_overlap", ONE_FUNCTION[folder])
+    else:                          # every check, this folder only, in its own test
+        outcome = grade_in_process(folder, "tp_overlap")
     assert_caught(folder, per_test(outcome), CASES[folder])
     escaped = [name for name, message in outcome.items()        # every instance fails
                if name.split("[")[0] in CASES[folder] and message is None]
     assert not escaped, f"{folder}: {escaped} passed; every instance of a failing test must fail"
+
+
+def test_a_lab_with_more_than_one_change_is_graded_on_every_check():
+    """Only a wrong lab that is the solution but for the one function is graded on that
+    function's checks alone; any other is refused that shortcut, naming what differs."""
+    with pytest.raises(AssertionError, match="must be solutions/tp_overlap.py with only"):
+        grade_one_mistake("tp_overlap_waits_before_gemm", "tp_overlap", "exchange")

@@ -88,14 +88,53 @@ def assert_fails_exactly(folder: str, lab: str, only, expected: dict, max_ranks:
             assert word in v.message, f"{folder}: {v.name}'s message lacks {word!r}:\n{v.message[:1500]}"
 
 
-def grade_in_process(folder: str, lab: str) -> dict[str, str | None]:
+def grade_in_process(folder: str, lab: str, only=None) -> dict[str, str | None]:
     """As ``grade``, through the self-check engine in this process (``verdicts_in_process``) on
     the warm rank pools instead of a pytest subprocess that starts its own: ``{test name: failure
-    message, or None if it passed}``."""
+    message, or None if it passed}``, of the checks ``only`` names (None: all)."""
     from workbook.grading import engine
     return {f"test_{v.name}": None if v.status in (engine.PASSED, engine.SKIPPED) else
             v.message if v.status == engine.FAILED else f"{v.status}: {v.message}"
-            for v in verdicts_in_process(folder, lab)}
+            for v in verdicts_in_process(folder, lab, only)}
+
+
+def changed_definitions(folder: str, lab: str) -> set[str]:
+    """The top-level functions and classes of ``tests/grading/wrong/FOLDER/LAB.py`` whose code
+    differs from ``solutions/LAB.py``'s (docstrings aside), or that only one of them has.
+
+    A wrong lab that is the solution but for one pure function nothing else calls (a prediction)
+    can fail only that function's check: the rest of it is the reference, which the test
+    command grades in full. Such a lab is graded on that check alone, once this says so."""
+    import ast
+
+    def code(node) -> str:
+        for inner in ast.walk(node):                 # docstrings left out
+            body = getattr(inner, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                    isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                inner.body = body[1:] or [ast.Pass()]
+        return ast.dump(node)
+
+    def definitions(path: Path) -> dict[str, str]:
+        return {node.name: code(node) for node in ast.parse(path.read_text()).body
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    wrong = definitions(WRONG / folder / f"{lab}.py")
+    right = definitions(ROOT / "solutions" / f"{lab}.py")
+    return {name for name in wrong.keys() | right.keys() if wrong.get(name) != right.get(name)}
+
+
+def grade_one_mistake(folder: str, lab: str, function: str) -> dict[str, str | None]:
+    """``grade_in_process`` of a wrong lab that is the solution but for ``function`` (checked
+    first, ``changed_definitions``), on that function's checks only."""
+    changed = changed_definitions(folder, lab)
+    assert changed == {function}, (f"{folder} must be solutions/{lab}.py with only {function} "
+                                   f"changed, for its other checks to be left out; it differs in "
+                                   f"{sorted(changed)}")
+    from workbook.grading import engine
+    only = [c.name for c in engine.load_checks(lab)
+            if any(m.name == "tasks" and function in m.args for m in getattr(c.fn, "pytestmark", []))]
+    assert only, f"no check of {lab} grades {function}"
+    return grade_in_process(folder, lab, only)
 
 
 def assert_caught(folder: str, outcome: dict, expected: dict, never=()) -> None:
