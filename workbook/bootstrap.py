@@ -139,17 +139,28 @@ SOLUTIONS_TITLE = "grading solutions/"
 # after the package tests' (docs/test-suite.md: a 2-core machine has cores to spare while tests
 # wait for ranks, kernels and browsers; every check they make holds under that load).
 BESIDE = (SOLUTIONS_TITLE, STUB_TITLE)
-TEST_WORKERS = int(os.environ.get("WORKBOOK_TEST_WORKERS", "2"))   # pytest-xdist workers
 CLOCK_DIR = ROOT / "runs" / "test-times"
+
+
+def test_workers() -> int:
+    """pytest-xdist workers for the package tests: ``WORKBOOK_TEST_WORKERS``, default 2 (1: one
+    process, no xdist)."""
+    raw = os.environ.get("WORKBOOK_TEST_WORKERS", "2")
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        raise SystemExit(f"[workbook setup] WORKBOOK_TEST_WORKERS={raw!r}: give a whole number of "
+                         f"workers for the package tests (1 runs them in one process)") from None
 
 
 def stages() -> list[tuple[str, str, list]]:
     """The test command's stages: (title, what to expect, command), run from the repo root."""
     wb = [PY, "-m", "workbook.cli"]
-    # the package tests on TEST_WORKERS pytest-xdist workers, each module on one worker, every
-    # check that reads measured time in one group that runs alone (tests/package/conftest.py);
+    # the package tests on pytest-xdist workers, each module on one worker, every module that
+    # reads measured time in one group that runs alone (tests/package/conftest.py);
     # -p suite_clock records each test's time (tests/bench/suite_time.py reports it)
-    workers = ["-n", str(TEST_WORKERS)] if TEST_WORKERS > 1 else []
+    n = test_workers()
+    workers = ["-n", str(n)] if n > 1 else []
     return [
         ("labs/ generated from solutions/", "", [*wb, "assign", "--check"]),
         # the layout: families side by side, layers below (pyproject.toml, tool.importlinter)

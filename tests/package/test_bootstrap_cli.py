@@ -184,3 +184,16 @@ def test_domino_after_an_option_says_how_to_run_it():
     proc = _cli("bench", "--nproc", "2", "domino")
     assert proc.returncode == 2
     assert "workbook bench domino --help" in proc.stderr
+
+
+def test_test_workers_is_read_from_the_environment(monkeypatch):
+    monkeypatch.delenv("WORKBOOK_TEST_WORKERS", raising=False)
+    assert bootstrap.test_workers() == 2
+    package = next(cmd for title, _, cmd in bootstrap.stages() if title == bootstrap.PACKAGE_TITLE)
+    assert ["-n", "2"] == package[package.index("-n"):package.index("-n") + 2]
+    monkeypatch.setenv("WORKBOOK_TEST_WORKERS", "1")
+    package = next(cmd for title, _, cmd in bootstrap.stages() if title == bootstrap.PACKAGE_TITLE)
+    assert "-n" not in package
+    monkeypatch.setenv("WORKBOOK_TEST_WORKERS", "two")
+    with pytest.raises(SystemExit, match="WORKBOOK_TEST_WORKERS='two': give a whole number"):
+        bootstrap.stages()
