@@ -31,7 +31,7 @@ def is_timed(module: str) -> bool:
 @pytest.hookimpl(optionalhook=True)            # only where pytest-xdist is installed
 def pytest_xdist_make_scheduler(config, log):
     """Whole modules to a worker, and every module of ``is_timed`` to one worker, in turn (the
-    ``xdist_group`` marker does not group under pytest 9's node ids: a scheduler of our own)."""
+    ``xdist_group`` marker did not group under pytest 9.2: a scheduler of our own)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleGroups(LoadScopeScheduling):
