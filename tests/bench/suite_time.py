@@ -123,6 +123,9 @@ def report(rows: list[dict], top: int = 25, out=sys.stdout) -> dict:
             shares[lab]["stubs" if r["stage"].startswith("stubs") else "solutions"] += r["wall"]
     p(f"\neach lab's share (budget {LAB_BUDGET_S:.0f} s): package tests, lessons, "
       f"grader on solutions, on stubs")
+    if any(r.get("worker", "main") != "main" for r in tests):
+        p("  (a run on pytest-xdist workers, beside the grading stages: each test took longer than "
+          "it does alone; the budget is for a serial run, `suite_time.py` with no --table)")
     p(f"{'lab':16} {'tests':>7} {'lesson':>7} {'solns':>7} {'stubs':>7} {'total':>7}")
     over = []
     for lab in LABS:
