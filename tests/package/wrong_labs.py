@@ -130,9 +130,10 @@ def grade_one_mistake(folder: str, lab: str, function: str) -> dict[str, str | N
     assert changed == {function}, (f"{folder} must be solutions/{lab}.py with only {function} "
                                    f"changed, for its other checks to be left out; it differs in "
                                    f"{sorted(changed)}")
-    from workbook.grading import engine
-    only = [c.name for c in engine.load_checks(lab)
-            if any(m.name == "tasks" and function in m.args for m in getattr(c.fn, "pytestmark", []))]
+    from workbook.grading.points import graded_tests
+    tests = GRADING / f"test_{lab}.py"
+    only = [name[len("test_"):] for name, graded in graded_tests(tests.read_text(), str(tests)).items()
+            if function in graded.tasks]
     assert only, f"no check of {lab} grades {function}"
     return grade_in_process(folder, lab, only)
 
