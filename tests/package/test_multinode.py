@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -191,6 +192,28 @@ def test_workbook_run_on_two_local_nodes(tmp_path):
     assert "not implemented yet" in out and "job of 2 nodes: exit 1" in out, out
     assert "local rank 0 exited with 1" in out and "Traceback" not in out, out
     assert not _left_running(str(tmp_path)), _left_running(str(tmp_path))
+    assert not _left_running("workbook.runtime.rendezvous_store"), "the rendezvous store was left"
+
+
+def test_the_rendezvous_store_outlives_the_agents_and_leaves_with_the_launcher():
+    """The store serves until its launcher closes its stdin (or dies): an agent that closes the
+    rendezvous last still finds it (run 4's failure: the serving agent had left first)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from workbook.runtime.multinode import Host, free_port, start_store, stop_store
+    port = free_port()
+    store = start_store(Host("here"), port, dict(os.environ))
+    client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    client.set("left", "node 0")
+    assert client.get("left") == b"node 0"
+    stop_store(store)
+    assert store.returncode == 0, store.returncode                  # it stopped on stdin closing
+    with pytest.raises(OSError, match="cannot serve port"):         # a port that is taken
+        with socket.socket() as taken:
+            taken.bind(("0.0.0.0", 0)), taken.listen()
+            start_store(Host("here"), taken.getsockname()[1], dict(os.environ))
 
 
 @pytest.mark.parametrize("options, message", [

@@ -1,8 +1,9 @@
 """A job of several torchrun nodes: ``workbook run LAB --nnodes 2 --nproc-per-node 2``.
 
 On a cluster each node runs one ``torchrun`` agent, and the agents find each other through a
-**c10d rendezvous**: one agent (``is_host``) serves a small key-value store (a TCPStore) at
-``--rdzv-endpoint HOST:PORT``; every agent joins it, the nodes are numbered (``GROUP_RANK``,
+**c10d rendezvous**: a small key-value store (a TCPStore) at ``--rdzv-endpoint HOST:PORT``
+that every agent joins (by default one agent serves it; here a process of its own does, which
+outlives the agents: ``workbook.runtime.rendezvous_store`` says why), the nodes are numbered (``GROUP_RANK``,
 in the order of their addresses), and each agent starts ``--nproc-per-node`` ranks. torchrun
 tells each rank where it is:
 
@@ -155,11 +156,12 @@ class Node:
 
 def torchrun_command(i: int, hosts: list[Host], nproc_per_node: int, port: int, run_id: str,
                      command: list[str]) -> list[str]:
-    """Node ``i``'s torchrun line: node 0's agent serves the rendezvous store (``is_host``)."""
+    """Node ``i``'s torchrun line. No agent serves the rendezvous store (``is_host=0``): the
+    store process ``run_nodes`` starts on host 0 does."""
     return [*hosts[i].prefix(), sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={len(hosts)}", f"--nproc-per-node={nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0].address}:{port}",
-            f"--rdzv-id={run_id}", f"--rdzv-conf=is_host={int(i == 0)},join_timeout=60",
+            f"--rdzv-id={run_id}", "--rdzv-conf=is_host=0,join_timeout=60",
             f"--local-addr={hosts[i].address}", "--max-restarts=0", *command]
 
 
@@ -178,6 +180,7 @@ def run_nodes(command: list[str], hosts: list[Host], nproc_per_node: int, *,
     run_id = f"wb{os.getpid()}-{port}"
     base = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
     nodes, readers = [], []
+    store = start_store(hosts[0], port, base)
     try:
         for i, host in enumerate(hosts):
             tag = f"{run_id}/{i}"
@@ -203,9 +206,38 @@ def run_nodes(command: list[str], hosts: list[Host], nproc_per_node: int, *,
     finally:
         for n in nodes:                              # whatever happened: nothing survives
             _stop(n)
+        stop_store(store)                            # the last to leave: after every agent
         for t in readers:
             t.join(timeout=5)
     return nodes
+
+
+def start_store(host: Host, port: int, env: dict, wait: float = 60.0) -> subprocess.Popen:
+    """The rendezvous store, served on ``host`` at ``port`` by a process of its own; returns once
+    it listens, or raises OSError (one line: what it said) if it could not."""
+    proc = subprocess.Popen(
+        [*host.prefix(), sys.executable, "-m", "workbook.runtime.rendezvous_store", str(port)],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)
+    ready = threading.Event()
+    threading.Thread(target=lambda: (proc.stdout.readline(), ready.set()), daemon=True).start()
+    if not ready.wait(wait) or proc.poll() is not None:
+        stop_store(proc)
+        said = (proc.stderr.read() or "").strip().splitlines()
+        raise OSError(said[-1] if said else f"the rendezvous store did not start in {wait:g} s")
+    return proc
+
+
+def stop_store(proc: subprocess.Popen) -> None:
+    """Close the store's stdin (it stops on that), then SIGTERM, then SIGKILL; return once gone."""
+    for step in (proc.stdin.close, proc.terminate, proc.kill):
+        try:
+            step()
+            proc.wait(timeout=3)
+            return
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    proc.wait()
 
 
 def _read(i: int, node: Node, echo) -> None:
