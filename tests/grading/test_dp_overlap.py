@@ -56,6 +56,9 @@ EXPOSED_GATHERS = 3           # per pass, gathers nothing can hide: forward, the
                               # first), block 0's (prefetched behind the embedding, a table
                               # lookup) and the head's (behind the final norm); backward, the last
                               # block's (behind the final norm's backward)
+EXPOSED_SCATTERS = 2          # backward, those no GEMM can hide: the embedding's (its gradients
+                              # are the last made) and block 0's (only the embedding's backward,
+                              # a scatter-add, runs after it)
 THRESHOLDS = {"bucketed": {"backward": 40.0}, "zero2": {"forward": 30.0, "backward": 50.0},
               "zero3": {"forward": 30.0, "backward": 50.0}}   # below the reference's lowest
                               # figure under load and on one core by a measured margin (README)
@@ -198,8 +201,11 @@ def _overlap(trace_dir: str, variant: str) -> dict:
     for phase in ("forward", "backward"):
         mine = [r for r in ops if _phase(r.issued_ns, marks) == phase]
         at_once = [r for r in mine if r.op == "all_gather" and waited_at_once(r)]
+        scatters_at_once = [r for r in mine if r.op == "reduce_scatter" and waited_at_once(r)]
         result[phase] = {**run.figures(phase, mine), "at_once": len(at_once),
-                         "gathers": sum(r.op == "all_gather" for r in mine)}
+                         "gathers": sum(r.op == "all_gather" for r in mine),
+                         "scatters_at_once": len(scatters_at_once),
+                         "scatters": sum(r.op == "reduce_scatter" for r in mine)}
     return result
 
 
@@ -570,6 +576,11 @@ def _structure(variant: str, r: dict, phases) -> str | None:
                     f"than one bucket: a bucket's all-reduce should start from the hook that "
                     f"completes it, and the buckets, in reverse order of use, complete one after "
                     f"another during backward")
+        if p["scatters_at_once"] > EXPOSED_SCATTERS:
+            return (f"{where}: {p['scatters_at_once']} of the {phase} pass's {p['scatters']} "
+                    f"reduce-scatters were waited on right after they started, before any compute "
+                    f"could hide them; start each layer's reduce-scatter as soon as its gradients "
+                    f"are accumulated and wait for them all only after backward")
         if p["at_once"] > EXPOSED_GATHERS:
             return (f"{where}: {p['at_once']} of the {phase} pass's {p['gathers']} all-gathers were "
                     f"waited on right after they started, before any compute could hide them; "

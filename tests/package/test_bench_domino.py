@@ -25,7 +25,7 @@ def _sp_against_vanilla():
 
 def test_sp_variant_computes_what_vanilla_tp_computes():
     from workbook.runtime.launch import run
-    for rank, (loss_err, (grad_err, name)) in enumerate(run(_sp_against_vanilla, 2)):
+    for rank, (loss_err, (grad_err, name)) in enumerate(run(_sp_against_vanilla, 2, pool=True)):
         assert loss_err < 1e-12, f"rank {rank}: SP loss differs from vanilla TP's by {loss_err:.1e}"
         assert grad_err < 1e-12, f"rank {rank}: gradient of {name} differs by {grad_err:.1e}"
 

@@ -42,7 +42,7 @@ def _lab_variants_against_vanilla():
 
 def test_lab_variants_compute_what_vanilla_tp_computes():
     from workbook.runtime.launch import run
-    for rank, errors in enumerate(run(_lab_variants_against_vanilla, 2)):
+    for rank, errors in enumerate(run(_lab_variants_against_vanilla, 2, pool=True)):
         for variant, (loss_err, (grad_err, name)) in errors.items():
             assert loss_err < 1e-12, f"rank {rank}, {variant}: loss differs by {loss_err:.1e}"
             assert grad_err < 1e-12, f"rank {rank}, {variant}: gradient of {name} differs by {grad_err:.1e}"

@@ -9,8 +9,9 @@ tests/grading/wrong/dp_overlap_*/ fails exactly the checks it should, with a mes
 * gather_waited_at_once: each parameter all-gather waited on as it starts -> both ZeRO overlap
   tests, on structure;
 * reduce_scatter_waited_at_once: each gradient reduce-scatter waited on as it starts -> both
-  ZeRO overlap tests, on the backward pass's hidden share (a late *wait* is not excused as a
-  late peer: ``workbook.link`` learns when every peer finished even for gloo's reduce-scatter);
+  ZeRO overlap tests, on structure (no GEMM ran between a reduce-scatter's start and its wait:
+  counted, not timed, so it fails at once on every run, as the timing policy puts structure
+  first);
 * grad_averaged_twice: ZeRO divides by n twice -> the ZeRO-1/2 and ZeRO-3 numerics, naming 1/n;
   numbers first, every ZeRO traffic and overlap check;
 * shard_wrong_slice: ZeRO-1/2's Adam steps the next rank's slice -> the ZeRO-1/2 numerics, and
@@ -57,8 +58,9 @@ CASES = {
         t: ["rank ", "all-gathers were waited on right after they started", "layer i + 1"]
         for t in ("zero2_traffic_hidden", "zero3_gathers_hidden")}),
     "dp_overlap_reduce_scatter_waited_at_once": (ZERO, {
-        t: ["rank ", "of the link time issued in the backward pass", "reduce_scatter",
-            "hidden behind compute"] for t in ("zero2_traffic_hidden", "zero3_gathers_hidden")}),
+        t: ["rank ", "of the backward pass's 7 reduce-scatters were waited on right after they "
+            "started", "wait for them all only after backward"]
+        for t in ("zero2_traffic_hidden", "zero3_gathers_hidden")}),
     "dp_overlap_grad_averaged_twice": (ZERO, {
         "zero_1_and_2": NUMBERS + ["ShardedTrainer(stage=1)", "1/2 of the average",
                                    "divided by n twice"],
