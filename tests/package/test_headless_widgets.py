@@ -135,7 +135,9 @@ def test_panels_capture_nothing_under_a_plain_nbclient():
     client = Counting(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", **timing)
     client.execute()
     assert len(hooks) == 1, f"{len(hooks)} output hooks: panels capture (1 expected, the control cell)"
-    assert max(took) < 0.9 * CELL_TIMEOUT_S, f"a cell waited out its timeout: {max(took):.1f} s"
+    panels = took[:-1]        # the control cell's capture is nbclient#312's own: now and then
+    # (under load, a few cells in a hundred) it waits out its timeout, which is the bug itself
+    assert max(panels) < 0.9 * CELL_TIMEOUT_S, f"a panel cell waited out its timeout: {max(panels):.1f} s"
     shown = [s["outputs"] for s in client.widget_state.values() if s.get("outputs")]
     assert any(o.get("text") == "captured\n" for outs in shown for o in outs)   # the stand-in worked
 
