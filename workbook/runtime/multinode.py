@@ -219,9 +219,10 @@ def start_store(host: Host, port: int, env: dict, wait: float = 60.0) -> subproc
         [*host.prefix(), sys.executable, "-m", "workbook.runtime.rendezvous_store", str(port)],
         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True)
-    ready = threading.Event()
-    threading.Thread(target=lambda: (proc.stdout.readline(), ready.set()), daemon=True).start()
-    if not ready.wait(wait) or proc.poll() is not None:
+    said, ready = [], threading.Event()     # its first line: "ready PORT", or "" at its exit
+    threading.Thread(target=lambda: (said.append(proc.stdout.readline()), ready.set()),
+                     daemon=True).start()
+    if not ready.wait(wait) or not said[0].startswith("ready"):
         stop_store(proc)
         said = (proc.stderr.read() or "").strip().splitlines()
         raise OSError(said[-1] if said else f"the rendezvous store did not start in {wait:g} s")
