@@ -1,40 +1,15 @@
 """Lab ``pp_schedules`` on paper: the reference schedules (interleaved 1F1B, ZB-H1, ZBV) against
 the given checker and simulator (``workbook.pipeline_parallel.virtual_stages``), and the checker
 against deliberately wrong schedules. Pure Python: no rank starts.
-
-The lab is not registered yet, so its reference file is loaded from its path
-(``solutions/pp_schedules.py``, or ``solutions/pp_schedules.py.draft`` while it is staged).
 """
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-from pathlib import Path
-
 import pytest
+from pp_schedules_reference import LAB10, SOL, ranks
 
 from workbook.pipeline_parallel import (B, F, INTERLEAVED, V_SHAPE, W, ScheduleError,
                                         check_chunked_schedule, interleaved_bubble_fraction,
                                         rank_and_chunk, simulate, simulate_chunked, stage_index)
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(name: str, *candidates: str):
-    """A lab file as a module, from the first of ``candidates`` (paths under the repo) that exists."""
-    path = next(ROOT / c for c in candidates if (ROOT / c).exists())
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
-    loader.exec_module(module)
-    return module
-
-
-SOL = load("pp_schedules_reference", "solutions/pp_schedules.py", "solutions/pp_schedules.py.draft")
-LAB10 = load("pp_overlap_reference", "solutions/pp_overlap.py")
-
-
-def ranks(schedule, p, v, m):
-    return SOL.all_ranks(schedule, p, v, m)
 
 
 def one_line_error(call) -> str:
@@ -46,7 +21,7 @@ def one_line_error(call) -> str:
 
 # --------------------------------------------------------------------------- placements
 def test_placements_put_chunks_where_the_papers_do():
-    # interleaved: chunk c of rank r is stage c*p + r (Narayanan et al. 2021, figure 4)
+    # interleaved: chunk c of rank r is stage c*p + r (Narayanan et al. 2021, section 2.2)
     assert [stage_index(1, c, 4) for c in range(3)] == [1, 5, 9]
     # V: chunk 0 of rank r is stage r, chunk 1 is stage 2p - 1 - r (Qi et al. 2023, section 6)
     assert [(stage_index(r, 0, 4, V_SHAPE), stage_index(r, 1, 4, V_SHAPE)) for r in range(4)] == \
