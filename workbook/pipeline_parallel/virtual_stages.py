@@ -10,7 +10,8 @@ the model into ``p * v`` stages instead of ``p``; rank r holds ``v`` *chunks*, a
 ranks v times. Count in chunk actions costing ``t_F`` and ``t_B`` (a whole stage's, divided by v).
 Every rank is busy ``v m (t_F + t_B)``. The first micro-batch reaches rank p - 1 after ``p - 1``
 chunk forwards and the last gradient reaches rank 0 ``p - 1`` chunk backwards after rank p - 1
-sent it; with Megatron's warm-up no rank waits in between, so with no transfer time::
+sent it; with Megatron's warm-up no rank waits in between (``simulate_chunked`` shows it), so
+with no transfer time::
 
     step = (v m + p - 1)(t_F + t_B),   idle per rank = (p - 1)(t_F + t_B),
     bubble = (p - 1) / (v m + p - 1)     for any ratio t_B / t_F (v = 1: lab 10's 1F1B)
@@ -144,7 +145,7 @@ def check_chunked_schedule(schedules, p: int, v: int, m: int,
             need = {B: F, W: B}.get(a.kind)
             if need and (need, a.micro_batch, a.chunk) not in done:
                 why = ("a backward needs the activations of its forward" if a.kind == B else
-                       "the weight gradient x^T dy needs dy, which its B computes")
+                       "W (x^T dy) needs the gradients dy that its B carries back through the chunk")
                 raise ScheduleError(f"rank {r}: {a} comes before "
                                     f"{ChunkAction(need, a.micro_batch, a.chunk)}: {why}")
             done.add(a)
