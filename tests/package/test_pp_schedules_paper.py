@@ -193,7 +193,7 @@ def test_interleaved_bubble_is_p_minus_1_over_vm_plus_p_minus_1(t_b):
                 line = simulate_chunked(ranks(SOL.interleaved_1f1b, p, v, m), p, v, t_f=1.0,
                                         t_b=t_b, t_w=0.0)
                 want = interleaved_bubble_fraction(p, v, m)
-                assert [line.bubble_of(r) for r in range(p)] == pytest.approx([want] * p), (p, v, m)
+                assert line.bubbles == pytest.approx([want] * p), (p, v, m)
                 assert line.step == pytest.approx((v * m + p - 1) * (1.0 + t_b))
     # the case: 2 ranks, v = 2, m = 8: 1/17, against 1F1B's 1/9
     assert interleaved_bubble_fraction(2, 2, 8) == pytest.approx(1 / 17)

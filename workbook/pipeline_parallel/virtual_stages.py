@@ -175,6 +175,11 @@ class ChunkedTimeline(Timeline):
         """Rank ``rank``'s idle share of the step: ``1 - busy(rank) / step``."""
         return self.idle(rank) / self.step if self.step else 0.0
 
+    @property
+    def bubbles(self) -> list[float]:
+        """Every rank's ``bubble_of``, rank 0 first."""
+        return [self.bubble_of(r) for r in range(len(self.spans))]
+
 
 def simulate_chunked(schedules, p: int, v: int, placement: str = INTERLEAVED, t_f: float = 1.0,
                      t_b: float = 1.0, t_w: float = 1.0, t_p2p: float = 0.0) -> ChunkedTimeline:
