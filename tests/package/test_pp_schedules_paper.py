@@ -174,6 +174,10 @@ def test_missing_duplicate_and_malformed_actions_are_named():
         one_line_error(lambda: check_chunked_schedule(acts, 2, 2, 4))
     assert "give one per rank" in one_line_error(
         lambda: check_chunked_schedule(ranks(SOL.interleaved_1f1b, 2, 2, 4), 4, 2, 4))
+    assert "even number of chunks" in one_line_error(
+        lambda: check_chunked_schedule([[], []], 2, 3, 4, V_SHAPE))
+    assert "each must be at least 1" in one_line_error(
+        lambda: check_chunked_schedule([[], []], 2, 2, 0))
     # a split schedule with one chunk left unsplit: its W's are missing, never silently fused
     acts = ranks(SOL.zb_h1, 2, 2, 4)
     acts = [[a for a in r if not (a[0] == W and a[2] == 0)] for r in acts]
