@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(name: str, *candidates: str):
-    """A lab file as a module, from the first of ``candidates`` (paths under the repo) that exists."""
+    """A lab file as a module, from the first of ``candidates`` (repo paths) that exists."""
     path = next(ROOT / c for c in candidates if (ROOT / c).exists())
     loader = importlib.machinery.SourceFileLoader(name, str(path))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))

@@ -148,12 +148,13 @@ def test_a_v_whose_second_chunk_sends_the_wrong_way_is_named():
 
 def test_a_deadlock_names_who_waits_for_whom():
     """Rank 0 runs 1F1B without a warm-up, rank 1 runs all its forwards first."""
-    acts = [[(F, 0, 0), (B, 0, 0), (F, 1, 0), (B, 1, 0)], [(F, 0, 0), (F, 1, 0), (B, 0, 0), (B, 1, 0)]]
+    acts = [[(F, 0, 0), (B, 0, 0), (F, 1, 0), (B, 1, 0)],
+            [(F, 0, 0), (F, 1, 0), (B, 0, 0), (B, 1, 0)]]
     msg = one_line_error(lambda: check_chunked_schedule(acts, 2, 1, 2))
     assert msg == ("deadlock: rank 0 waits at B(0, chunk 0) (stage 0) for B(0, chunk 0) on rank 1 "
-                   "(stage 1's gradient); rank 1 waits at F(1, chunk 0) (stage 1) for F(1, chunk 0) "
-                   "on rank 0 (stage 0's activation) -- no rank can move, so these ranks would "
-                   "hang for ever")
+                   "(stage 1's gradient); rank 1 waits at F(1, chunk 0) (stage 1) for "
+                   "F(1, chunk 0) on rank 0 (stage 0's activation) -- no rank can move, so these "
+                   "ranks would hang for ever")
     with pytest.raises(ScheduleError, match="deadlock"):
         simulate_chunked(acts, 2, 1)
 

@@ -145,7 +145,7 @@ def check_chunked_schedule(schedules, p: int, v: int, m: int,
             need = {B: F, W: B}.get(a.kind)
             if need and (need, a.micro_batch, a.chunk) not in done:
                 why = ("a backward needs the activations of its forward" if a.kind == B else
-                       "W (x^T dy) needs the gradients dy that its B carries back through the chunk")
+                       "W (x^T dy) needs the gradients dy its B carries back through the chunk")
                 raise ScheduleError(f"rank {r}: {a} comes before "
                                     f"{ChunkAction(need, a.micro_batch, a.chunk)}: {why}")
             done.add(a)
