@@ -171,7 +171,10 @@ def test_missing_duplicate_and_malformed_actions_are_named():
         "extra F(0, chunk 0)")
     acts = ranks(SOL.interleaved_1f1b, 2, 2, 4)
     acts[1][0] = (F, 0)
-    assert "rank 1: action ('F', 0) is not a (kind, micro_batch, chunk) triple" in \
+    assert "rank 1: action ('F', 0) is not a tuple (kind, micro_batch, chunk)" in \
+        one_line_error(lambda: check_chunked_schedule(acts, 2, 2, 4))
+    acts[1][0] = [F, 0, 0]
+    assert "rank 1: action ['F', 0, 0] is not a tuple" in \
         one_line_error(lambda: check_chunked_schedule(acts, 2, 2, 4))
     assert "give one per rank" in one_line_error(
         lambda: check_chunked_schedule(ranks(SOL.interleaved_1f1b, 2, 2, 4), 4, 2, 4))

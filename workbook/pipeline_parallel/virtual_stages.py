@@ -124,14 +124,15 @@ def check_chunked_schedule(schedules, p: int, v: int, m: int,
     _check_sizes(schedules, p, v, m, placement)
     if placement == INTERLEAVED:
         check_interleaved_shape(p, v, m)
-    split = any(len(a) == 3 and a[0] == W for acts in schedules for a in acts)
+    split = any(isinstance(a, tuple) and len(a) == 3 and a[0] == W
+                for acts in schedules for a in acts)
     kinds = (F, B, W) if split else (F, B)
     want = Counter(ChunkAction(k, i, c) for k in kinds for i in range(m) for c in range(v))
     for r, acts in enumerate(schedules):
         bad = [a for a in acts if not (isinstance(a, tuple) and len(a) == 3)]
         if bad:
-            raise ScheduleError(f"rank {r}: action {bad[0]!r} is not a (kind, micro_batch, chunk) "
-                                f"triple such as ('F', 0, 1)")
+            raise ScheduleError(f"rank {r}: action {bad[0]!r} is not a tuple (kind, micro_batch, "
+                                f"chunk) such as ('F', 0, 1)")
         got = Counter(ChunkAction(*a) for a in acts)
         missing, extra = want - got, got - want
         if missing or extra:
