@@ -1,5 +1,7 @@
-"""Family: pipeline parallelism (lab ``pp_overlap``): the given pieces (stage units, the schedule
-checker, ``simulate``, the executors: ``pipeline_parallel``), the lab's benchmark and report.
+"""Family: pipeline parallelism (labs ``pp_overlap`` and ``pp_schedules``): the given pieces (stage
+units, the schedule checker, ``simulate``, the executors: ``pipeline_parallel``; model chunks,
+the split backward, the chunked checker and ``simulate_chunked``: ``virtual_stages``), the
+benchmarks and reports.
 
 A family imports the layers below it, never another family. This ``__init__`` only re-exports
 the given pieces, each imported on first use (so a family's bench or report imports no torch
@@ -13,7 +15,11 @@ _GIVEN = dict.fromkeys((
     "Action", "B", "F", "PipelineStage", "ScheduleError", "StageExecutor", "Timeline",
     "activation_shape", "bubble_fraction", "check_schedule", "micro_batches", "peak_in_flight",
     "phases", "simulate", "stage_units"
-), "pipeline_parallel")
+), "pipeline_parallel") | dict.fromkeys((
+    "W", "ChunkAction", "ChunkedTimeline", "INTERLEAVED", "PLACEMENTS", "V_SHAPE",
+    "check_chunked_schedule", "check_interleaved_shape", "interleaved_bubble_fraction",
+    "rank_and_chunk", "simulate_chunked", "stage_index"
+), "virtual_stages")
 
 
 def __getattr__(name: str):          # PEP 562: ``from workbook.pipeline_parallel import X``
