@@ -248,9 +248,11 @@ def test_update_never_overwrites_a_file_the_learner_edited(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- a learner in a release
-def test_in_a_release_solutions_is_one_line(releases, monkeypatch, capsys):
+@pytest.mark.parametrize("argv", [["grade", "--impl", "solutions"],
+                                  ["run", "tp", "--impl", "solutions"]])
+def test_in_a_release_solutions_is_one_line(argv, releases, monkeypatch, capsys):
     monkeypatch.setenv("WORKBOOK_ROOT", str(releases[0]["standard"]))
-    code, _, err = _cli(["grade", "--impl", "solutions"], capsys)
+    code, _, err = _cli(argv, capsys)
     assert code == 2 and "this course is a student release" in err
     assert len(err.strip().splitlines()) == 1
 
