@@ -257,7 +257,7 @@ def test_in_a_release_solutions_is_one_line(argv, releases, monkeypatch, capsys)
     assert len(err.strip().splitlines()) == 1
 
 
-def test_in_a_release_hints_work_and_a_stub_self_checks_to_not_implemented(releases, tmp_path):
+def test_in_a_release_the_package_finds_its_course_and_hints_work(releases, tmp_path):
     folder = tmp_path / "release"
     shutil.copytree(releases[0]["standard"], folder)
     env = _course_env(folder)
@@ -268,8 +268,16 @@ def test_in_a_release_hints_work_and_a_stub_self_checks_to_not_implemented(relea
     hint = subprocess.run([sys.executable, "-m", "workbook.cli", "hint", "collectives", "1"],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=60)
     assert hint.returncode == 0 and "collectives, task 1:" in hint.stdout, hint.stderr
+    assert "hint 1 of 3, the idea:" in hint.stdout
+
+
+def test_in_a_release_a_stub_self_checks_to_not_implemented(releases, tmp_path):
+    """`workbook run collectives` in the release itself, with its own package: exit 1, TODO."""
+    folder = tmp_path / "release"
+    shutil.copytree(releases[0]["standard"], folder)
     run = subprocess.run([sys.executable, "-m", "workbook.cli", "run", "collectives",
-                          "--nproc", "1"], cwd=folder, env=env, capture_output=True, text=True,
-                         timeout=240)
+                          "--nproc", "1"], cwd=folder, env=_course_env(folder),
+                         capture_output=True, text=True, timeout=240)
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "not implemented yet: collectives." in run.stdout
+    assert "TODO" in run.stdout and "not implemented yet: collectives." in run.stdout
+    assert "exit 1 (a check failed or is not implemented yet)" in run.stdout

@@ -76,10 +76,25 @@ class ReleaseError(ValueError):
 
 
 # --------------------------------------------------------------------------- what a release holds
+def _not_ignored(root: Path, folder: str) -> list[Path] | None:
+    """The files under ``root/folder`` that git does not ignore (None: not a git checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+                              "--exclude-standard", "--", folder], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode:
+        return None
+    return [root / rel for rel in out.stdout.decode().split("\0") if rel]
+
+
 def _tree(root: Path, folder: str) -> dict[str, bytes]:
-    """Every file under ``root/folder`` (caches left out), by its path from ``root``."""
+    """Every file under ``root/folder`` that git does not ignore (outside git: every file but
+    caches), by its path from ``root``."""
+    listed = _not_ignored(root, folder)
+    paths = listed if listed is not None else (root / folder).rglob("*")
     out = {}
-    for path in sorted((root / folder).rglob("*")):
+    for path in sorted(paths):
         rel = path.relative_to(root).as_posix()
         if path.is_file() and not SKIP.search(rel):
             out[rel] = path.read_bytes()
