@@ -2,7 +2,7 @@
 
     workbook release --level standard -o DIR     make one in DIR (new or empty, outside the course)
     workbook release --check DIR                 scan it for the answer key (``release_check``)
-    workbook release --update DIR                bring it up to date, keeping every file edited since
+    workbook release --update DIR                update it; a file edited since is never overwritten
 
 The repository is the course *and* its answer key. A release holds what a learner needs:
 
@@ -20,11 +20,12 @@ The repository is the course *and* its answer key. A release holds what a learne
 
 Left out: ``solutions/``, ``tests/grading/wrong/``, ``tests/package``, ``tests/bench``,
 ``tests/gpu`` (they read the solutions), hidden tests, the instructor's pages
-(``INSTRUCTOR_DOCS``), ``mkdocs.yml`` and git's history. A link of a kept page to a page left out
-becomes its plain text.
+(``INSTRUCTOR_DOCS``), ``mkdocs.yml`` and git's history. A kept page's links to a page left out
+are taken out (``unlink_missing``).
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -37,7 +38,7 @@ from workbook.grading.labs import LABS, RELEASE_MANIFEST
 from workbook.grading.points import hidden_tests
 from workbook.instructor import assign
 
-INSTRUCTOR_DOCS = ("instructors.md", "test-suite.md", "site.md")   # docs/ pages a class does not get
+INSTRUCTOR_DOCS = ("instructors.md", "test-suite.md", "site.md")   # the docs/ a class is not given
 PLAIN_FILES = ("LICENSE", "environment.yml", ".gitignore", ".ci/run")
 SKIP = re.compile(r"(^|/)(__pycache__|\.ipynb_checkpoints|\.pytest_cache)(/|$)|\.pyc$")
 LEFT_OUT = ["solutions/", "tests/grading/wrong/", "tests/package/", "tests/bench/", "tests/gpu/",
@@ -105,7 +106,6 @@ def public_tests(source: str, filename: str = "<tests>") -> tuple[str, list[str]
     """A grading module's text without its hidden tests (``hidden_tests``), and their names. A
     hidden ``def test_...`` goes with its decorators; in ``test_a, test_b = _make(...)`` a hidden
     name becomes ``_`` (the whole line goes when every name is hidden)."""
-    import ast
     hidden = hidden_tests(source, filename)
     if not hidden:
         return source, []
@@ -156,7 +156,7 @@ def unlink_missing(page: str, text: str, present: set[str]) -> str:
     """``text`` (a Markdown page at ``page``) without its links to paths the release lacks: a
     table row that such a link opens goes, a link in parentheses goes with them, any other
     link becomes its words alone."""
-    folders = {str(PurePosixPath(p).parent) for p in present}
+    folders = {str(folder) for p in present for folder in PurePosixPath(p).parents}
 
     def missing(target: str) -> bool:
         path = _link_target(page, target)
@@ -237,9 +237,9 @@ def release_files(root: Path, level: str) -> dict[str, bytes]:
     for name in PLAIN_FILES:
         if (root / name).is_file():
             files[name] = (root / name).read_bytes()
-    pyproject = (root / "pyproject.toml").read_text()
-    files["pyproject.toml"] = pyproject.replace('testpaths = ["tests/package"]',
-                                                'testpaths = ["tests/grading"]').encode()
+    pyproject = (root / "pyproject.toml").read_text()     # plain `pytest` runs the grading tests
+    files["pyproject.toml"] = re.sub(r'(?m)^testpaths\s*=.*$', 'testpaths = ["tests/grading"]',
+                                     pyproject).encode()
     docs = {rel: data for rel, data in _tree(root, "docs").items()
             if PurePosixPath(rel).name not in INSTRUCTOR_DOCS}
     files |= docs

@@ -19,6 +19,7 @@ line and where the answer came from. Exit status: 0 clean, 1 findings.
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass
@@ -89,7 +90,6 @@ def answer_lines(root: Path, level: str) -> tuple[dict[str, str], int]:
         blocks, regions = parse(text, path.name)
         spans = [(b.begin, b.end) for b in blocks]
         if level == "challenge" and regions:
-            import ast
             bodies = assign.challenge_bodies(src, ast.parse(text), regions)
             spans += [(first, end) for first, (end, *_rest) in bodies.items()]
         for first, last in spans:
