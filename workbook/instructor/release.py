@@ -14,9 +14,10 @@ The repository is the course *and* its answer key. A release holds what a learne
 * a README whose set-up commands fit the release (``python3 -m workbook.bootstrap test`` grades
   the learner's labs there), the learner's pages of ``docs/``, ``pyproject.toml``,
   ``environment.yml``, ``.ci/run``, ``.gitignore`` and ``LICENSE``;
-* ``release.json`` (``RELEASE_MANIFEST``): the level, the commit it was made from, what was left
-  out, the lessons that stand the reference in for an unfinished lab (they need recorded
-  reference outputs to run fully in a release) and a hash of every file it wrote.
+* ``release.json`` (``RELEASE_MANIFEST``): the level, the commit it was made from (and whether
+  the course had changes not committed), what was left out, the lessons that stand the
+  reference in for an unfinished lab (they need recorded reference outputs to run fully in a
+  release) and a hash of every file it wrote.
 
 Left out: ``solutions/``, ``tests/grading/wrong/``, ``tests/package``, ``tests/bench``,
 ``tests/gpu`` (they read the solutions), hidden tests, the instructor's pages
@@ -79,14 +80,8 @@ class ReleaseError(ValueError):
 # --------------------------------------------------------------------------- what a release holds
 def _not_ignored(root: Path, folder: str) -> list[Path] | None:
     """The files under ``root/folder`` that git does not ignore (None: not a git checkout)."""
-    try:
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
-                              "--exclude-standard", "--", folder], capture_output=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode:
-        return None
-    return [root / rel for rel in out.stdout.decode().split("\0") if rel]
+    out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", folder)
+    return None if out is None else [root / rel for rel in out.split("\0") if rel]
 
 
 def _tree(root: Path, folder: str) -> dict[str, bytes]:
@@ -207,13 +202,22 @@ def lessons_standing_in(root: Path) -> list[dict]:
     return found
 
 
-def _commit(root: Path) -> str | None:
+def _git(root: Path, *args: str) -> str | None:
+    """``git ARGS``'s output in ``root`` (None: not a git checkout, or no git)."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                             timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _commit(root: Path) -> dict:
+    """The commit a release is made from, and whether the course had changes not committed."""
+    head = _git(root, "rev-parse", "HEAD")
+    status = _git(root, "status", "--porcelain")
+    return {"commit": head.strip() if head else None,
+            "uncommitted_changes": None if status is None else bool(status.strip())}
 
 
 def release_files(root: Path, level: str) -> dict[str, bytes]:
@@ -252,7 +256,7 @@ def release_files(root: Path, level: str) -> dict[str, bytes]:
     manifest = {
         "what": "a student release of the Overlap Workbook course (workbook release)",
         "level": level,
-        "made_from_commit": _commit(root),
+        "made_from": _commit(root),
         "labs": LABS,
         "left_out": LEFT_OUT + [f"{hidden_count} hidden test(s) of tests/grading"],
         "lessons_needing_reference_outputs": standing_in,
