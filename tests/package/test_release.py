@@ -153,6 +153,18 @@ def test_check_names_an_answer_line_a_hidden_test_and_forbidden_folders(releases
         f"(tests/grading/test_tp.py)"]
 
 
+def test_a_challenge_releases_key_holds_the_given_code_its_challenges_take_away():
+    """At challenge level the code a challenge region hands to the learner (given at standard)
+    is answer too: the key grows by exactly such lines."""
+    standard, _ = release_check.answer_lines(ROOT, "standard")
+    challenge, _ = release_check.answer_lines(ROOT, "challenge")
+    stubs = assign.make_labs(ROOT / "solutions", ROOT / "tests" / "grading", "standard")
+    given_at_standard = {line.strip() for lab in stubs.values()
+                         for line in getattr(lab, "text", lab).splitlines()}
+    grown = set(challenge) - set(standard)
+    assert grown and grown <= given_at_standard
+
+
 HIDDEN = textwrap.dedent('''\
     import pytest
 
