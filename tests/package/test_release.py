@@ -293,3 +293,14 @@ def test_in_a_release_a_stub_self_checks_to_not_implemented(releases, tmp_path):
     assert run.returncode == 1, run.stdout + run.stderr
     assert "TODO" in run.stdout and "not implemented yet: collectives." in run.stdout
     assert "exit 1 (a check failed or is not implemented yet)" in run.stdout
+
+
+def test_in_a_release_the_site_command_says_it_needs_the_course(releases, monkeypatch, tmp_path,
+                                                                capsys):
+    from workbook import site
+    folder = releases[0]["standard"]
+    monkeypatch.setattr(site, "ROOT", folder)
+    monkeypatch.setattr(site, "CONFIG", folder / "mkdocs.yml")
+    assert site.main(["build", "-o", str(tmp_path / "site")]) == 2
+    assert "not from a student release" in capsys.readouterr().err
+    assert not (tmp_path / "site").exists()
