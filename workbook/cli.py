@@ -141,6 +141,9 @@ def cmd_grade(args) -> int:
 def cmd_assign(args) -> int:
     from workbook.instructor import assign
     root = repo_root()
+    if not (root / "solutions").is_dir():          # a student release: never over the learner's
+        raise ValueError(f"no solutions/ in {root}: `workbook assign` makes the labs from the "
+                         f"solutions, in the course repository")
     labs = Path(args.out).resolve() if args.out else root / "labs"
     if args.out and labs == root.resolve():
         raise ValueError(f"-o {args.out} is the course itself: name a folder for the labs")

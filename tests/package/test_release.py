@@ -260,13 +260,21 @@ def test_update_never_overwrites_a_file_the_learner_edited(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- a learner in a release
-@pytest.mark.parametrize("argv", [["grade", "--impl", "solutions"],
-                                  ["run", "tp", "--impl", "solutions"]])
-def test_in_a_release_solutions_is_one_line(argv, releases, monkeypatch, capsys):
-    monkeypatch.setenv("WORKBOOK_ROOT", str(releases[0]["standard"]))
+@pytest.mark.parametrize("argv, message", [
+    (["grade", "--impl", "solutions"], "this course is a student release"),
+    (["run", "tp", "--impl", "solutions"], "this course is a student release"),
+    (["assign"], "no solutions/ in"),
+    (["assign", "--level", "guided", "--force"], "no solutions/ in"),
+])
+def test_in_a_release_what_needs_the_reference_is_one_line(argv, message, releases, monkeypatch,
+                                                            capsys):
+    folder = releases[0]["standard"]
+    labs = {p.name: p.read_bytes() for p in (folder / "labs").iterdir()}
+    monkeypatch.setenv("WORKBOOK_ROOT", str(folder))
     code, _, err = _cli(argv, capsys)
-    assert code == 2 and "this course is a student release" in err
+    assert code == 2 and message in err, err
     assert len(err.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in (folder / "labs").iterdir()} == labs
 
 
 def test_in_a_release_the_package_finds_its_course_and_hints_work(releases, tmp_path):
