@@ -10,7 +10,9 @@ Standard library only, because it runs before anything is installed. Each comman
 4. ``test`` only: installs Debian's Chromium and its driver for the browser tests when it is missing and this
    user may use apt-get (the tests that need it skip where it cannot be had);
 5. runs the demo, or the whole test sequence (what ``.ci/run`` runs), which ends with one line:
-   ``[workbook setup] all N stages passed`` or ``[workbook setup] FAILED: stage "..."``. The
+   ``[workbook setup] all N stages passed`` or ``[workbook setup] FAILED: stage "..."``. In a
+   student release (``workbook release``: no solutions, no package tests) the test sequence is
+   one stage, the learner's labs graded by the course's public tests (``release_stages``). The
    package tests run on two pytest-xdist workers and the grading stages beside them
    (``docs/test-suite.md`` says why, and what each stage's time is); each test's time is kept
    in ``runs/test-times/``.
@@ -27,6 +29,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from workbook.grading.labs import RELEASE_MANIFEST      # standard library only, like this module
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv"
@@ -153,8 +157,25 @@ def test_workers() -> int:
                          f"workers for the package tests (1 runs them in one process)") from None
 
 
+RELEASE_TITLE = "your labs, graded by the course's tests"
+RELEASE_NOTE = ("a test you have not done yet says 'not implemented yet'; this stage passes at "
+                "full marks")
+
+
+def is_release() -> bool:
+    """Is this checkout a student release (``workbook release``)?"""
+    return (ROOT / RELEASE_MANIFEST).is_file()
+
+
+def release_stages() -> list[tuple[str, str, list]]:
+    """A student release's test command: its labs graded with the public grading tests."""
+    return [(RELEASE_TITLE, RELEASE_NOTE, [PY, "-m", "workbook.cli", "grade"])]
+
+
 def stages() -> list[tuple[str, str, list]]:
     """The test command's stages: (title, what to expect, command), run from the repo root."""
+    if is_release():
+        return release_stages()
     wb = [PY, "-m", "workbook.cli"]
     # the package tests on pytest-xdist workers, each module on one worker, every module that
     # reads measured time in one group that runs alone (tests/package/conftest.py);
@@ -281,7 +302,8 @@ def main(argv=None) -> int:
         return 0
     if argv[0] == "demo":
         return sh(PY, "-m", "workbook.cli", "demo", *argv[1:], check=False, cwd=ROOT)
-    ensure_chromium()
+    if not is_release():                  # a release has no browser tests
+        ensure_chromium()
     return run_tests()
 
 

@@ -5,6 +5,8 @@
     workbook run LAB --nproc N            run a lab's self-check (labs/ by default)
     workbook grade [--lab LAB] [--impl]   grade labs/ (or solutions/, or a folder) with points
     workbook assign [--check]             make labs/ from solutions/ (or check they agree)
+    workbook release --level L -o DIR     the course a class is handed, without its answers
+    workbook release --check DIR          scan a release for anything of the answer key
     workbook trace summary|report|merge   read, show and combine profiler traces
     workbook site build [-o DIR]          the course site (README, docs/, lessons) with MkDocs
     workbook bench COLLECTIVE             nccl-tests-style bandwidth table
@@ -17,12 +19,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from workbook.grading.labs import LABS, impl_dir, repo_root   # stdlib only: no torch, no pytest
+from workbook.grading.labs import LABS, RELEASE_MANIFEST, impl_dir, repo_root   # stdlib only
 from workbook.runtime.child_process import course_env
 from workbook.runtime.options import OneLineErrors, positive_count, positive_seconds
 
@@ -138,6 +141,9 @@ def cmd_grade(args) -> int:
 def cmd_assign(args) -> int:
     from workbook.instructor import assign
     root = repo_root()
+    if not (root / "solutions").is_dir():          # a student release: never over the learner's
+        raise ValueError(f"no solutions/ in {root}: `workbook assign` makes the labs from the "
+                         f"solutions, in the course repository")
     labs = Path(args.out).resolve() if args.out else root / "labs"
     if args.out and labs == root.resolve():
         raise ValueError(f"-o {args.out} is the course itself: name a folder for the labs")
@@ -156,6 +162,48 @@ def cmd_assign(args) -> int:
     except assign.AssignError as exc:
         raise ValueError(str(exc)) from None
     print("\n".join(f"wrote {labs.name}/{c}" for c in changed) or f"{labs.name}/ already up to date")
+    return 0
+
+
+def cmd_release(args) -> int:
+    from workbook.instructor import release, release_check
+    chosen = [flag for flag, value in (("-o", args.out), ("--check", args.check),
+                                       ("--update", args.update)) if value]
+    if len(chosen) != 1:
+        raise ValueError("give one of -o DIR (make a release), --check DIR (scan one) or "
+                         "--update DIR (bring one up to date)"
+                         + (f", not {' and '.join(chosen)}" if chosen else ""))
+    if args.check and args.level:
+        raise ValueError("--check reads the release's level from its release.json: leave out "
+                         "--level")
+    root = repo_root()
+    if args.update:
+        for line in release.update_release(root, Path(args.update), args.level):
+            print(line)
+        print(f"{args.update} is up to date with the course; run "
+              f"`workbook release --check {args.update}`")
+        return 0
+    folder = Path(args.check or args.out)
+    if args.out:
+        level = args.level or "standard"
+        files = release.make_release(root, folder, level)
+        manifest = json.loads(files[RELEASE_MANIFEST])
+        tests = sum(1 for rel in files if rel.startswith("tests/grading/test_"))
+        print(f"wrote a {level}-level release to {folder}: {len(files)} files, the labs at "
+              f"{level}, {tests} grading test files ({manifest['left_out'][-1]} left out)")
+        print(f"left out: {', '.join(manifest['left_out'][:-1])}")
+        stand_in = [Path(s["lesson"]).stem for s in manifest["lessons_needing_reference_outputs"]]
+        if stand_in:
+            print(f"lessons that run the reference where a lab is unfinished (they need recorded "
+                  f"reference outputs, listed in {RELEASE_MANIFEST}): {', '.join(stand_in)}")
+    findings, looked_for = release_check.check_release(root, folder)
+    for finding in findings:
+        print(f"{folder}/{finding}")
+    if findings:
+        print(f"{len(findings)} piece(s) of the answer key in {folder}: take them out (or make "
+              f"the release again) before handing it out")
+        return 1
+    print(f"{folder} holds nothing of the answer key: looked for {looked_for}")
     return 0
 
 
@@ -303,6 +351,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the labs into DIR instead of labs/")
     p.set_defaults(func=cmd_assign)
 
+    p = sub.add_parser("release", help="the course a class is handed, without its answers",
+                       description="Write a student release of the course into DIR (new or empty, "
+                                   "outside the course): the package, the lessons, the labs at "
+                                   "--level, the public grading tests, the README and the "
+                                   "learner's docs; no solutions/, no wrong labs, no hidden "
+                                   "tests, no git history. It is checked once written. --check "
+                                   "DIR scans a release for anything of the answer key (exit 1 "
+                                   "naming each file and line); --update DIR brings one up to "
+                                   "date without overwriting a file edited since.")
+    p.add_argument("-o", "--out", default=None, metavar="DIR", help="make a release in DIR")
+    p.add_argument("--check", default=None, metavar="DIR", help="scan the release in DIR")
+    p.add_argument("--update", default=None, metavar="DIR",
+                   help="bring the release in DIR up to date (edited files are kept; the "
+                        "course's version goes beside each as NAME.new)")
+    p.add_argument("--level", choices=("guided", "standard", "challenge"), default=None,
+                   help="the labs' level: guided, standard (the default) or challenge")
+    p.set_defaults(func=cmd_release)
+
     for extra in ("workbook.trace.cli", "workbook.communication.bandwidth_bench", "workbook.instructor.autograder"):
         try:
             __import__(extra, fromlist=["register"]).register(sub)
@@ -369,6 +435,8 @@ def main(argv=None) -> int:
             return 2
     try:
         _check_link(getattr(args, "link", None))
+        if getattr(args, "impl", None) == "solutions":   # in a student release: one line,
+            impl_dir("solutions")                         # before any rank starts
         return args.func(args) or 0
     except (ValueError, FileNotFoundError, RanksTimedOut) as exc:
         print(f"workbook {args.command}: {exc}", file=sys.stderr)

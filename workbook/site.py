@@ -324,6 +324,9 @@ def stage(dest: Path, root: Path = ROOT, executed_dir: Path | None = None) -> li
 def build(out: Path = DEFAULT_OUT, executed_dir: Path | None = None, quiet: bool = True) -> Path:
     """Build the site into ``out``: a new or empty folder, or an earlier build, which is replaced.
     Returns ``out``."""
+    if not CONFIG.is_file():                         # a student release (workbook release)
+        raise SiteError(f"no {CONFIG.name} in {ROOT}: the course site is built from the course "
+                        f"repository, not from a student release")
     import importlib.util
     missing = [name for name in ("mkdocs", "material", "mkdocs_jupyter", "latex2mathml")
                if importlib.util.find_spec(name) is None]

@@ -172,7 +172,8 @@ def test_a_family_re_exports_only_names_its_modules_define(family):
 
 @pytest.mark.parametrize("argv", [["--help"], ["assign", "--check"], ["grade", "--help"],
                                   ["site", "--help"], ["autograder", "build", "--help"],
-                                  ["progress"], ["hint", "--help"], ["watch", "--help"]])
+                                  ["progress"], ["hint", "--help"], ["watch", "--help"],
+                                  ["release", "--help"]])
 def test_a_light_command_imports_no_torch_and_no_pytest(argv):
     """Parsing the command line and the commands that read files pay for neither torch nor
     pytest (seconds on a laptop); `workbook trace` has its own test in test_trace_io.py."""

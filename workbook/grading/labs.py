@@ -17,6 +17,11 @@ from workbook.runtime.messages import first_line
 
 ENV_IMPL = "WORKBOOK_IMPL"
 ENV_ROOT = "WORKBOOK_ROOT"
+#: The file a student release has at its top (``workbook release``): what it holds, at which
+#: level; a release has no ``solutions/``.
+RELEASE_MANIFEST = "release.json"
+NO_SOLUTIONS_IN_RELEASE = ("this course is a student release: the reference solutions/ stay with "
+                           "the instructor; use labs (your files) or a folder of lab files")
 LABS = ["collectives", "ring_allreduce", "async_overlap", "tp", "sp", "domino", "overlap_math",
         "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring"]
 #: The family folder of ``workbook/`` that holds each lab's given pieces, bench, report and helpers.
@@ -34,16 +39,26 @@ def lab_module(lab: str, role: str) -> str:
 
 
 def repo_root() -> Path:
-    """The course folder: $WORKBOOK_ROOT, else the checkout this package lives in, else cwd."""
+    """The course folder: $WORKBOOK_ROOT, else the checkout or student release this package
+    lives in, else cwd."""
     if os.environ.get(ENV_ROOT):
         return Path(os.environ[ENV_ROOT]).resolve()
     here = Path(__file__).resolve().parents[2]
-    return here if (here / "solutions").is_dir() else Path.cwd()
+    is_course = (here / "solutions").is_dir() or (here / RELEASE_MANIFEST).is_file()
+    return here if is_course else Path.cwd()
+
+
+def is_release(root: Path | None = None) -> bool:
+    """Is the course folder a student release (``workbook release``): no answers in it?"""
+    return ((root or repo_root()) / RELEASE_MANIFEST).is_file()
 
 
 def impl_dir(impl: str | None = None) -> Path:
-    """``labs`` (the default), ``solutions``, or a path to a folder of lab files."""
+    """``labs`` (the default), ``solutions``, or a path to a folder of lab files. ``solutions``
+    in a student release (which has none) is a ``ValueError`` in one line."""
     impl = impl or os.environ.get(ENV_IMPL, "labs")
+    if impl == "solutions" and is_release() and not (repo_root() / "solutions").is_dir():
+        raise ValueError(NO_SOLUTIONS_IN_RELEASE)
     if impl in ("labs", "solutions"):
         return repo_root() / impl
     path = Path(impl).resolve()

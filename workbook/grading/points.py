@@ -10,7 +10,9 @@ task from the self-check's verdicts; both read the tests' marks here::
 The arguments may be literals or module constants (``*NAMES`` for a tuple of names). Tests made
 by a function of the test module (``test_a, test_b = _make("x", 2, 3)``) are read from the
 decorators of the functions it returns, its parameters replaced by the call's literal arguments.
-A literal ``parametrize`` multiplies a test's points by its cases.
+A literal ``parametrize`` multiplies a test's points by its cases. A ``points`` mark's
+``visibility`` (Gradescope's: ``"hidden"``, ``"after_due_date"``, ...) is read too: a test that is
+not ``"visible"`` is left out of a student release (``hidden_tests``).
 """
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ from workbook.grading.markup import AssignError
 
 @dataclass(frozen=True)
 class Graded:
-    """What a grading test is worth, and the lab functions/classes it names."""
+    """What a grading test is worth, the lab functions/classes it names, and when Gradescope
+    shows it to the student (``visible``, the default, or ``hidden``, ``after_due_date``, ...)."""
     points: float
     tasks: tuple[str, ...]
+    visibility: str = "visible"
 
 
 def _mark(node: ast.expr) -> str | None:
@@ -61,12 +65,14 @@ def _cases(values: ast.expr, consts: dict[str, ast.expr], where: str) -> int:
 
 def _graded(fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict, consts: dict,
             where: str) -> Graded | None:
-    points, tasks, cases = None, [], 1
+    points, tasks, cases, visibility = None, [], 1, "visible"
     env = {**consts, **env}
     for dec in fn.decorator_list:
         kind = _mark(dec)
         if kind == "points":
             points = float(_literal(dec.args[0], env, where)) if dec.args else 1.0
+            visibility = next((str(_literal(k.value, env, where)) for k in dec.keywords
+                               if k.arg == "visibility"), visibility)
         elif kind == "tasks":
             for arg in dec.args:                     # "name", NAME or *NAMES (module constants)
                 names = _literal(arg.value, env, where) if isinstance(arg, ast.Starred) else \
@@ -79,7 +85,8 @@ def _graded(fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict, consts: dict,
                 next((k.value for k in dec.keywords if k.arg == "argvalues"), None)
             if values is not None:
                 cases *= _cases(values, consts, where)
-    return None if points is None else Graded(points * cases, tuple(dict.fromkeys(tasks)))
+    return None if points is None else Graded(points * cases, tuple(dict.fromkeys(tasks)),
+                                              visibility)
 
 
 def _bind(fn: ast.FunctionDef, call: ast.Call) -> dict[str, ast.expr]:
@@ -128,3 +135,10 @@ def graded_tests(source: str, filename: str = "<tests>") -> dict[str, Graded]:
                 if name.startswith("test_"):
                     found[name] = _graded(fn, env, consts, f"{filename}::{name}")
     return {name: g for name, g in found.items() if g is not None}
+
+
+def hidden_tests(source: str, filename: str = "<tests>") -> set[str]:
+    """The names of the tests in a grading module that Gradescope does not show the student
+    when they submit (a ``points`` mark with a ``visibility`` other than ``"visible"``)."""
+    return {name for name, g in graded_tests(source, filename).items()
+            if g.visibility != "visible"}
