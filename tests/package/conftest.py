@@ -23,6 +23,12 @@ TIMED = {"test_wrong_impls_caught", "test_autograder", "test_class_grading", "te
          "test_trace_steps", "test_selfcheck_traces"}
 
 
+# the browser runs the heaviest lessons (30-40 s each on a quiet machine): it goes last on its
+# worker, once the grading stages beside the package tests (docs/test-suite.md) are done, so that
+# it shares the two cores with one other test instead of three (a lesson there took up to 76 s)
+LAST = {"test_browser"}
+
+
 def is_timed(module: str) -> bool:
     """Does this test module judge measured time (its checks grade an overlap figure)?"""
     return module in TIMED or module.endswith("_wrong_caught") or module.startswith("test_bench_")
@@ -30,13 +36,19 @@ def is_timed(module: str) -> bool:
 
 @pytest.hookimpl(optionalhook=True)            # only where pytest-xdist is installed
 def pytest_xdist_make_scheduler(config, log):
-    """Whole modules to a worker, and every module of ``is_timed`` to one worker, in turn (the
-    ``xdist_group`` marker did not group under pytest 9.2: a scheduler of our own)."""
+    """Whole modules to a worker, every module of ``is_timed`` to one worker, in turn, and the
+    modules of ``LAST`` after all others (the ``xdist_group`` marker did not group under pytest
+    9.2: a scheduler of our own)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return "timed" if is_timed(Path(module).stem) else module
+
+        def _assign_work_unit(self, node) -> None:
+            for scope in [s for s in self.workqueue if Path(s).stem in LAST]:
+                self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
 
     return ModuleGroups(config, log)
