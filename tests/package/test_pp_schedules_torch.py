@@ -1,24 +1,8 @@
 """Lab ``pp_schedules``: the reference schedules' action order equals the order
 ``torch.distributed.pipelining`` runs for the same (p, v, m), wherever torch has the schedule.
 
-How torch's order is read: torch's own runtime loop runs, and records. For each rank, the test
-builds the real schedule class (``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``,
-``ScheduleZBVZeroBubble``, ``Schedule1F1B``) on stand-in stages (``RecordingStage``: the stage
-index, the group size and rank, and empty lists of sends and receives), then calls the
-schedule's ``_step_microbatches``, the loop ``step()`` runs. The multi-stage schedules walk
-``pipeline_order_with_comms[rank]`` (the order lowered with its sends and receives) and hand
-each compute action to the function registered for its kind with ``register_custom_function``
-(torch's hook for custom actions): ours writes the action down. ``Schedule1F1B`` runs its own
-hand-written loop, which calls the stage's ``forward_one_chunk`` / ``backward_one_chunk``: the
-stand-in writes those down. Only the stages' set-up (``_initialize_stage(s)``: the
-point-to-point handshake and shape inference, which need a process group and have no bearing on
-the order) is skipped. No process group, no subprocess. (Torch 2.13's ``Schedule1F1B
-.pipeline_order``, a list kept for display, is off by one on the last rank -- it starts at
-F(1) and ends at F(m) -- which is why the runtime loop is what we compare with.)
-
-Torch names the input-gradient backward ``I`` and the full backward ``B``; we write ``B`` for
-both (a schedule with W's splits every backward, one without fuses them: the ``virtual_stages``
-docstring), so both map to our B.
+How torch's order is read (torch's own runtime loop, on stand-in stages that record each
+action): ``workbook.pipeline_parallel.torch_orders``, which the grader uses too.
 
 The documented differences, and only these, are accepted:
 
@@ -34,73 +18,17 @@ The documented differences, and only these, are accepted:
 from __future__ import annotations
 
 import pytest
-import torch
 from pp_schedules_reference import SOL, ranks
 
-from workbook.pipeline_parallel import B, F, INTERLEAVED, V_SHAPE, W, rank_and_chunk, stage_index
+from workbook.pipeline_parallel import B, F, INTERLEAVED, V_SHAPE, rank_and_chunk
+from workbook.pipeline_parallel.torch_orders import (as_chunk_actions, first_difference,
+                                                     torch_runtime_order)
 
 P, M = (2, 3, 4), tuple(range(1, 13))
 CHUNKS = {"interleaved_1f1b": (1, 2, 3), "zb_h1": (1, 2, 3), "zbv": (2,)}
 TORCH_CLASS = {"interleaved_1f1b": "ScheduleInterleaved1F1B",
                "zb_h1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}
 PLACEMENT = {"interleaved_1f1b": INTERLEAVED, "zb_h1": INTERLEAVED, "zbv": V_SHAPE}
-KIND = {"F": F, "I": B, "B": B, "W": W}
-
-
-class RecordingStage:
-    """Stands in for rank ``rank``'s ``PipelineStage`` of stage ``stage``: no layers, no
-    transfers (every list of send or receive ops is empty); ``log`` gets each forward and
-    backward ``Schedule1F1B``'s loop asks of it."""
-
-    def __init__(self, stage: int, num_stages: int, rank: int, p: int, log: list):
-        self.stage_index, self.num_stages = stage, num_stages
-        self.group_rank, self.group_size = rank, p
-        self.is_first, self.is_last = stage == 0, stage == num_stages - 1
-        self.submod, self.log = None, log
-
-    def get_fwd_recv_ops(self, i):
-        return []
-
-    get_fwd_send_ops = get_bwd_recv_ops = get_bwd_send_ops = get_fwd_recv_ops
-
-    def forward_one_chunk(self, i, *args, **kwargs):
-        self.log.append((self.stage_index, "F", i))
-        return torch.zeros(())
-
-    def backward_one_chunk(self, i, **kwargs):
-        self.log.append((self.stage_index, "B", i))
-
-    def perform_reduce_grad(self, *args):
-        pass
-
-
-def torch_runtime_order(cls_name: str, p: int, v: int, m: int, placement: str):
-    """Per rank, the ``(stage, kind, micro_batch)`` compute actions torch's runtime runs, in
-    order; or "refused: ..." (the first line of the error) if torch refuses the shape."""
-    from torch.distributed.pipelining import schedules as S
-    orders = []
-    for r in range(p):
-        log: list = []
-        try:
-            if cls_name == "Schedule1F1B":
-                sched = S.Schedule1F1B(RecordingStage(r, p, r, p, log), m, loss_fn=lambda y, t: y)
-                sched._initialize_stage = lambda *args, **kwargs: None
-                sched._step_microbatches(target_mbs=[None] * m)
-            else:
-                stages = [RecordingStage(stage_index(r, c, p, placement), p * v, r, p, log)
-                          for c in range(v)]
-                sched = getattr(S, cls_name)(stages, m, loss_fn=lambda y, t: y)
-                sched._initialize_stages = lambda *args, **kwargs: None
-                for kind in (S.F, S.I, S.B, S.W):
-                    sched.register_custom_function(kind, lambda a, ctx: log.append(
-                        (a.stage_index, a.computation_type.value, a.microbatch_index)))
-                for kind in (S.UNSHARD, S.RESHARD, S.REDUCE_GRAD):        # FSDP's, DP's: none
-                    sched.register_custom_function(kind, lambda a, ctx: None)
-                sched._step_microbatches()
-        except ValueError as exc:
-            return "refused: " + str(exc).splitlines()[0]
-        orders.append(log)
-    return orders
 
 
 @pytest.fixture(scope="module")
@@ -126,29 +54,8 @@ def ours(name: str, p: int, v: int, m: int):
 
 
 def theirs(torch_orders: dict, key: str, p: int, placement: str):
-    """Torch's order for ``key`` as our (kind, micro_batch, chunk) triples, each action checked
-    to sit on the rank our placement gives its stage; or "refused: ..."."""
-    got = torch_orders[key]
-    if isinstance(got, str):
-        return got
-    out = []
-    for r, acts in enumerate(got):
-        out.append([])
-        for s, kind, i in acts:
-            owner, chunk = rank_and_chunk(s, p, placement)
-            assert owner == r, f"{key}: torch runs stage {s} on rank {r}, our placement on {owner}"
-            out[-1].append((KIND[kind], i, chunk))
-    return out
-
-
-def first_difference(a, b) -> str | None:
-    """Where two sets of per-rank orders part: rank, position, ours, torch's."""
-    for r, (x, y) in enumerate(zip(a, b)):
-        for k in range(max(len(x), len(y))):
-            mine, tor = (x[k] if k < len(x) else None), (y[k] if k < len(y) else None)
-            if mine != tor:
-                return f"rank {r}, action {k}: ours {mine}, torch's {tor}"
-    return None
+    """Torch's order for ``key`` as our (kind, micro_batch, chunk) triples, or "refused: ..."."""
+    return as_chunk_actions(torch_orders[key], p, placement)
 
 
 def test_torch_places_stages_as_we_do():
