@@ -1,0 +1,142 @@
+"""Lab ``pp_schedules`` on ranks: the reference ``OverlappedChunkedExecutor`` (section 4 of the
+lab) on the given ``ChunkedExecutor`` runs interleaved 1F1B, ZB-H1 and ZBV to the numbers of one
+device.
+
+For each schedule, m in {4, 8}, GPT and Llama (fp64): the loss on the rank holding the last
+stage and every parameter's gradient, gathered from the ranks' chunks, equal the single-device
+reference on the whole batch within 1e-12, on 2 ranks, and for one case on 4. A schedule the
+checker refuses raises the same one-line ``ScheduleError`` on every rank before any transfer,
+and a run after it still computes the right numbers (nothing was left in flight). The ranks
+are the package's warm pool; each call runs all its cases on the ranks and sends back only the
+errors.
+"""
+from __future__ import annotations
+
+from pp_schedules_reference import ROOT
+
+from workbook.runtime.launch import run
+
+DRAFT = next(str(p) for p in (ROOT / "solutions/pp_schedules.py", ROOT / "solutions/pp_schedules.py.draft")
+             if p.exists())
+TOL = 1e-12
+ROWS = 2                                                     # rows per micro-batch
+
+
+def _config(style: str, layers: int):
+    from workbook.model import ModelConfig
+    return ModelConfig(style=style, dtype="float64", hidden=16, heads=2, ffn_hidden=24,
+                       n_layers=layers, seq_len=6, vocab_size=40, seed=3)
+
+
+def _run_cases(path: str, cases: list) -> list:
+    """On every rank: for each ``(schedule, v, m, style)`` the loss error (the loss rank; None
+    elsewhere), the largest gradient error and its parameter, and the names of this rank's
+    parameters."""
+    import importlib.machinery
+    import importlib.util
+
+    import torch
+    import torch.distributed as dist
+
+    from workbook.model import ReferenceModel, grads_by_name, make_batch
+    loader = importlib.machinery.SourceFileLoader("pp_schedules_under_test", path)
+    lab = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(lab)
+    p, out = dist.get_world_size(), []
+    for name, v, m, style in cases:
+        schedule, placement = lab.SCHEDULES[name]
+        cfg = _config(style, p * v)
+        tokens, targets = make_batch(cfg, ROWS * m, seed=1)
+        ref = ReferenceModel(cfg)
+        want_loss = ref(tokens, targets)
+        want_loss.backward()
+        want = grads_by_name(ref)
+        ex = lab.OverlappedChunkedExecutor(cfg, m, v, placement)
+        loss = ex.step(tokens, targets, lab.all_ranks(schedule, p, v, m))
+        got = ex.named_grads()
+        worst = max(((want[k] - g).abs().max().item(), k) for k, g in got.items())
+        out.append({"loss": None if loss is None else abs(loss.item() - want_loss.item()),
+                    "grad": worst, "names": sorted(got)})
+        dist.barrier()
+    return out
+
+
+def _bad_schedule_then_good(path: str) -> list:
+    """A ZB-H1 schedule with rank 1's last W dropped, then a 1F1B that deadlocks on 2 ranks: each
+    rank's error; then the right schedule's loss."""
+    import importlib.machinery
+    import importlib.util
+
+    import torch.distributed as dist
+
+    from workbook.model import make_batch
+    from workbook.pipeline_parallel import ScheduleError
+    loader = importlib.machinery.SourceFileLoader("pp_schedules_under_test", path)
+    lab = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(lab)
+    p, m, v = dist.get_world_size(), 4, 1
+    cfg = _config("gpt", p * v)
+    tokens, targets = make_batch(cfg, ROWS * m, seed=1)
+    ex = lab.OverlappedChunkedExecutor(cfg, m, v, "interleaved")
+    bad = lab.all_ranks(lab.zb_h1, p, v, m)
+    bad[1] = bad[1][:-1]
+    try:
+        ex.step(tokens, targets, bad)
+        message = None
+    except ScheduleError as err:
+        message = str(err)
+    # rank 0 waits at B(0) for rank 1, which waits at F(1) for rank 0's F(1), after that B(0)
+    deadlock = [[("F", 0, 0), ("B", 0, 0)] + [(k, i, 0) for i in range(1, m) for k in "FB"],
+                [("F", 1, 0), ("F", 0, 0), ("B", 0, 0), ("B", 1, 0)]
+                + [(k, i, 0) for i in range(2, m) for k in "FB"]]
+    try:
+        ex.step(tokens, targets, deadlock)
+        refused = None
+    except ScheduleError as err:
+        refused = str(err)
+    loss = ex.step(tokens, targets, lab.all_ranks(lab.zb_h1, p, v, m))
+    return [message, refused, None if loss is None else loss.item()]
+
+
+def _check(results: list, cases: list, p: int) -> None:
+    for k, case in enumerate(cases):
+        per_rank = [r[k] for r in results]
+        losses = [r["loss"] for r in per_rank if r["loss"] is not None]
+        assert len(losses) == 1, f"{case}: one rank holds the loss, got {len(losses)}"
+        assert losses[0] < TOL, f"{case}: loss differs from one device by {losses[0]:.1e}"
+        for rank, r in enumerate(per_rank):
+            err, name = r["grad"]
+            assert err < TOL, f"{case}, rank {rank}: gradient of {name} differs by {err:.1e}"
+        names = [n for r in per_rank for n in r["names"]]
+        assert len(names) == len(set(names)), f"{case}: a parameter on two ranks"
+        assert any(n.startswith("embed.") for n in names) and "head.weight" in names, case
+        assert sum(n.endswith("attn.wq.weight") for n in names) == p * (2 if "zbv" in case
+                                                                      or case[1] == 2 else 1), case
+
+
+CASES_2 = [(name, v, m, style) for name, v in (("interleaved_1f1b", 2), ("zb_h1", 1),
+                                               ("zb_h1", 2), ("zbv", 2))
+           for m in (4, 8) for style in ("gpt", "llama")]
+
+
+def test_every_schedule_on_two_ranks_equals_one_device():
+    _check(run(_run_cases, 2, DRAFT, CASES_2, pool=True, timeout=120), CASES_2, 2)
+
+
+def test_zbv_and_interleaved_on_four_ranks_equal_one_device():
+    cases = [("zbv", 2, 8, "llama"), ("interleaved_1f1b", 2, 4, "gpt")]
+    _check(run(_run_cases, 4, DRAFT, cases, pool=True, timeout=120), cases, 4)
+
+
+def test_a_bad_schedule_is_refused_in_one_line_on_every_rank():
+    results = run(_bad_schedule_then_good, 2, DRAFT, pool=True, timeout=60)
+    missing = {r[0] for r in results}
+    assert len(missing) == 1 and None not in missing, missing
+    text = missing.pop()
+    assert "\n" not in text and "rank 1" in text and "missing W(3, chunk 0)" in text, text
+    deadlock = {r[1] for r in results}
+    assert len(deadlock) == 1 and None not in deadlock, deadlock
+    text = deadlock.pop()
+    assert "\n" not in text and text.startswith("deadlock: rank 0 waits at B(0, chunk 0)") \
+        and "rank 1 waits at F(1, chunk 0)" in text, text
+    assert results[0][2] is None and results[1][2] is not None          # the next step still runs
