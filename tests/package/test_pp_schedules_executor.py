@@ -16,8 +16,8 @@ from pp_schedules_reference import ROOT
 
 from workbook.runtime.launch import run
 
-DRAFT = next(str(p) for p in (ROOT / "solutions/pp_schedules.py", ROOT / "solutions/pp_schedules.py.draft")
-             if p.exists())
+DRAFT = next(str(p) for p in (ROOT / "solutions/pp_schedules.py",
+                              ROOT / "solutions/pp_schedules.py.draft") if p.exists())
 TOL = 1e-12
 ROWS = 2                                                     # rows per micro-batch
 
@@ -28,20 +28,24 @@ def _config(style: str, layers: int):
                        n_layers=layers, seq_len=6, vocab_size=40, seed=3)
 
 
+def _load_lab(path: str):
+    """The lab file at ``path`` as a module (on a rank: the draft is no registered lab yet)."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("pp_schedules_under_test", path)
+    lab = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(lab)
+    return lab
+
+
 def _run_cases(path: str, cases: list) -> list:
     """On every rank: for each ``(schedule, v, m, style)`` the loss error (the loss rank; None
     elsewhere), the largest gradient error and its parameter, and the names of this rank's
     parameters."""
-    import importlib.machinery
-    import importlib.util
-
-    import torch
     import torch.distributed as dist
 
     from workbook.model import ReferenceModel, grads_by_name, make_batch
-    loader = importlib.machinery.SourceFileLoader("pp_schedules_under_test", path)
-    lab = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(lab)
+    lab = _load_lab(path)
     p, out = dist.get_world_size(), []
     for name, v, m, style in cases:
         schedule, placement = lab.SCHEDULES[name]
@@ -64,16 +68,11 @@ def _run_cases(path: str, cases: list) -> list:
 def _bad_schedule_then_good(path: str) -> list:
     """A ZB-H1 schedule with rank 1's last W dropped, then a 1F1B that deadlocks on 2 ranks: each
     rank's error; then the right schedule's loss."""
-    import importlib.machinery
-    import importlib.util
-
     import torch.distributed as dist
 
     from workbook.model import make_batch
     from workbook.pipeline_parallel import ScheduleError
-    loader = importlib.machinery.SourceFileLoader("pp_schedules_under_test", path)
-    lab = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(lab)
+    lab = _load_lab(path)
     p, m, v = dist.get_world_size(), 4, 1
     cfg = _config("gpt", p * v)
     tokens, targets = make_batch(cfg, ROWS * m, seed=1)
@@ -145,15 +144,10 @@ def _transfer_pattern(path: str) -> dict:
     """ZB-H1 (v = 2, m = 4) and ZBV (m = 4): when each receive was posted (the running action's
     position) against the action it feeds, and how many sends were still in flight at
     ``finish``."""
-    import importlib.machinery
-    import importlib.util
-
     import torch.distributed as dist
 
     from workbook.model import make_batch
-    loader = importlib.machinery.SourceFileLoader("pp_schedules_under_test", path)
-    lab = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(lab)
+    lab = _load_lab(path)
 
     class Watched(lab.OverlappedChunkedExecutor):
         def receive_for(self, k):
@@ -189,23 +183,18 @@ def test_receives_are_posted_an_action_early_and_sends_waited_at_the_end():
             fed = r["fed"]
             assert sorted(k for _, k in r["posted_at"]) == fed, (rank, name)
             late = [(at, k) for at, k in r["posted_at"] if at >= k and k != fed[0]]
-            assert not late, f"rank {rank}, {name}: receives posted only when their action ran: {late}"
+            assert not late, f"rank {rank}, {name}: posted only when their action ran: {late}"
             assert r["in_flight"] == r["remote_sends"] > 0, (rank, name, r)
             assert r["left"] == 0, (rank, name)
 
 
 def _traced_step(path: str, run_dir: str) -> list:
     """One ZBV step (m = 4, GPT) under the package's profiler; this rank's actions."""
-    import importlib.machinery
-    import importlib.util
-
     import torch.distributed as dist
 
     from workbook.model import make_batch
     from workbook.trace.capture import rank_trace
-    loader = importlib.machinery.SourceFileLoader("pp_schedules_under_test", path)
-    lab = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(lab)
+    lab = _load_lab(path)
     p, m, v = dist.get_world_size(), 4, 2
     cfg = _config("gpt", p * v)
     tokens, targets = make_batch(cfg, ROWS * m, seed=1)

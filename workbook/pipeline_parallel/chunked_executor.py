@@ -1,4 +1,4 @@
-"""A rank holding ``v`` model chunks, running a chunked schedule: the given base of lab ``pp_schedules``.
+"""A rank with ``v`` model chunks runs a chunked schedule: the given base of lab ``pp_schedules``.
 
 Lab 10's ``StageExecutor`` ran one stage per rank. Here rank r holds ``v`` chunks (virtual
 stages, lesson 12, section 2): chunk c is stage ``stage_index(r, c, p, placement)`` of the

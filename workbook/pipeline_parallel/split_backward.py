@@ -4,8 +4,8 @@ A given piece of lab ``pp_schedules`` (lesson 12, section 4, "The backward in tw
 pipelines (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv 2401.10241, section 2)
 start from one observation about a linear layer ``y = x A^T + b`` (``A [out, in]``)::
 
-    B:  dx = dy A                   [N, out] @ [out, in] -> [N, in]   the previous stage waits for it
-    W:  dA = dy^T x,  db = sum_n dy [out, N] @ [N, in]   -> [out, in] nobody waits until the optimizer
+    B:  dx = dy A                  [N, out] @ [out, in] -> [N, in]    the previous stage waits
+    W:  dA = dy^T x, db = sum_n dy [out, N] @ [N, in] -> [out, in]    nobody waits (until the step)
 
 (``N`` = the rows of the micro-batch, batch times sequence). The backward of a chunk is a chain
 of B's: each layer's ``dx`` is the ``dy`` of the layer before it, so B must run in order and at
@@ -113,13 +113,14 @@ class _SplitLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        dx = dy @ weight if ctx.needs_input_grad[0] else None   # [..., out] @ [out, in] -> [..., in]
+        dx = dy @ weight if ctx.needs_input_grad[0] else None   # [.., out] @ [out, in] -> [.., in]
         if ctx.key is not None:                                  # B: W comes later
             ctx.layer.store.stash(ctx.key, ctx.layer, x, dy)
             return dx, None, None, None
         x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+        dw = dy2.T @ x2 if ctx.needs_input_grad[1] else None    # [out, N] @ [N, in]
         db = dy2.sum(0) if ctx.needs_input_grad[2] else None
-        return dx, dy2.T @ x2, db, None
+        return dx, dw, db, None
 
 
 class SplitLinear(nn.Module):
