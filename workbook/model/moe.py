@@ -38,7 +38,9 @@ Megatron-LM's ``switch_load_balancing_loss_func`` does::
     aux = E * sum_e f_e * P_e                                      1 when perfectly balanced
 
 ``f`` is a count (no gradient); the gradient reaches the router through ``P``. Scale it by a
-coefficient (Switch: 0.01) when adding it to the loss.
+coefficient (Switch: 0.01) when adding it to the loss. With ``k = 1`` the renormalised weight is
+always 1, so the output gives the router no gradient and it learns from this loss alone (Switch
+itself scales by the raw probability instead; Mixtral renormalises over its top 2, as here).
 
 Parameters (names as :mod:`workbook.model.init` draws them, for layer ``i``)::
 
