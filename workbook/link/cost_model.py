@@ -81,6 +81,15 @@ class Link:
             return 0.0
         return self.latency_s + size_bytes * bus_factor(op, group) / self.bandwidth_Bps
 
+    def all_to_all_time(self, matrix, ranks) -> float:
+        """Modelled seconds of an all-to-all with uneven splits: ``matrix[s][d]`` bytes from the
+        ``s``-th to the ``d``-th of ``ranks``; bound by the busiest rank on each fabric
+        (``workbook.link.topology``)."""
+        topo = self.topology
+        if topo is not None:
+            return topo.all_to_all_time(matrix, ranks)
+        return Fabric(self.bandwidth_Bps, self.latency_s).all_to_all_time(matrix)
+
     def fabrics(self, op: str, ranks) -> tuple[str, ...]:
         """The fabrics ``op`` on ``ranks`` holds while it runs (one, on a flat link)."""
         topo = self.topology

@@ -12,6 +12,7 @@ NVIDIA H200.) No link is simulated there: GPU ranks are measured, not modelled.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -198,7 +199,9 @@ class LinkedProcessGroup(dist.ProcessGroup):
 
     # -- the bookkeeping every op shares
     def _charge(self, op: str, inner, size_bytes: int, async_op: bool = True, then=None,
-                peer: int | None = None):
+                peer: int | None = None, modelled_s: float | None = None, **fields):
+        """Log ``op`` on the link and return its work; ``modelled_s`` (else the cost model's
+        figure for ``size_bytes``) is its time, ``fields`` more ``OpRecord`` fields."""
         link = STATE.link
         if link is None and not STATE.measure:
             return LinkWork(inner, None, then=then)
@@ -210,10 +213,12 @@ class LinkedProcessGroup(dist.ProcessGroup):
         else:
             n = self.size()              # the ranks taking part: the group, or a p2p's two
             ranks = self._ranks if peer is None else [self._ranks[self.rank()], self._ranks[peer]]
-            rec = OpRecord(0, op, size_bytes, n, async_op, now,
-                           int(link.op_time(op, size_bytes, ranks) * 1e9),
+            seconds = link.op_time(op, size_bytes, ranks) if modelled_s is None else modelled_s
+            rec = OpRecord(0, op, size_bytes, n, async_op, now, int(seconds * 1e9),
                            gemms_at_issue=gemms_run())
             held = lanes(op, link.fabrics(op, ranks))
+        for name, value in fields.items():
+            setattr(rec, name, value)
         if op in ("send", "recv"):
             # gloo's p2p works have no future: a thread watches each; a modelled receive is
             # placed on its lanes when the data lands (_ArrivalWatch), not when it is posted
@@ -298,13 +303,34 @@ class LinkedProcessGroup(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base                 # torch >= 2.6 routes here
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        return self._collective("all_to_all", "alltoall_base",
+        row = input.element_size() * math.prod(input.shape[1:])     # bytes of one split unit
+        sends = ([s * row for s in input_split_sizes] if input_split_sizes
+                 else [_nbytes([input]) // self.size()] * self.size())
+        return self._all_to_all("alltoall_base",
                                 (output, input, output_split_sizes, input_split_sizes), opts,
-                                c10d.AllToAllOptions, _nbytes([input]))
+                                sends, _nbytes([output]))
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return self._collective("all_to_all", "alltoall", (output_tensors, input_tensors), opts,
-                                c10d.AllToAllOptions, _nbytes(input_tensors))
+        return self._all_to_all("alltoall", (output_tensors, input_tensors), opts,
+                                [_nbytes([t]) for t in input_tensors], _nbytes(output_tensors))
+
+    def _all_to_all(self, method: str, args: tuple, opts, sends: list, recv_bytes: int):
+        """An all-to-all, even or not: ``sends[d]`` bytes go to group rank ``d``. On a modelled
+        link the ranks first swap their ``sends`` (a small gloo all-gather, not charged), so each
+        prices the whole exchange by its busiest rank (``Link.all_to_all_time``) and logs the
+        matrix; that swap waits for every peer to issue the all-to-all."""
+        fields: dict = {"recv_bytes": recv_bytes}
+        modelled = None
+        if STATE.link is not None:
+            n = self.size()
+            rows = [torch.empty(n, dtype=torch.int64) for _ in range(n)]
+            self._gloo.allgather([rows], [torch.tensor(sends, dtype=torch.int64)],
+                                 c10d.AllgatherOptions()).wait()
+            matrix = tuple(tuple(int(b) for b in r) for r in rows)
+            modelled = STATE.link.all_to_all_time(matrix, self._ranks)
+            fields["split_bytes"] = matrix
+        work = _on_host(getattr(self._gloo, method), args, opts or c10d.AllToAllOptions())
+        return self._charge("all_to_all", work, sum(sends), modelled_s=modelled, **fields)
 
     def barrier(self, opts=None):
         return self._collective("barrier", "barrier", (), opts, c10d.BarrierOptions, 0)

@@ -60,6 +60,8 @@ class OpRecord:
     gemms_at_issue: int | None = None   # GEMMs the rank had run when it issued the op, and when
     gemms_at_wait: int | None = None    # it first waited (program_order.CountGemms; else None)
     measured: bool = False   # no link modelled (GPU ranks on gloo): start..end is the real op
+    recv_bytes: int = 0      # an all-to-all: the bytes this rank received (size_bytes: it sent)
+    split_bytes: tuple | None = None   # an all-to-all on a modelled link: bytes [sender][receiver]
 
     @property
     def link_ns(self) -> int:

@@ -35,6 +35,17 @@ sends ``(m-1)/n`` of a rank's buffer over the node's fabric while ``(n-m)/n`` le
 card, at the same time, so it costs the slower of the two. A send/receive costs the fabric its
 two ranks share. A group with unequal numbers of ranks per node is costed at its fullest node.
 
+An all-to-all with **uneven splits** (a mixture-of-experts dispatch: ``M[s][d]`` bytes from rank
+``s`` to rank ``d``, the diagonal staying home) is bound by its busiest rank: every rank drives
+its own port, so the exchange is over when the rank with the most bytes to send, or to receive,
+is done. On each fabric ``f`` the group spans, over the pairs ``f`` carries (same node: the
+node's fabric; different nodes: the network)::
+
+    t_f = a_f + max_r max(sum_{d != r} M[r][d], sum_{s != r} M[s][r]) / B_f
+    t   = max_f t_f                       (both fabrics at once, as above)
+
+With even splits (``M[s][d] = S/n``) this is the formula above: ``(n-1)/n S / B`` on one fabric.
+
 The module is pure arithmetic (no torch), so its costs are checked against hand-computed values
 (``tests/package/test_topology.py``); ``workbook.link`` charges them to real gloo operations.
 """
@@ -59,6 +70,17 @@ def bus_factor(op: str, n: int) -> float:
     return 0.0                                           # barrier and anything size-free
 
 
+def busiest_rank_bytes(matrix, carries=lambda src, dst: True) -> float:
+    """``max_r max(bytes r sends, bytes r receives)`` over the pairs ``carries(src, dst)`` accepts
+    (``matrix[s][d]``: bytes from group rank ``s`` to ``d``; what a rank keeps does not count)."""
+    n, busiest = len(matrix), 0
+    for r in range(n):
+        sent = sum(matrix[r][d] for d in range(n) if d != r and carries(r, d))
+        received = sum(matrix[s][r] for s in range(n) if s != r and carries(s, r))
+        busiest = max(busiest, sent, received)
+    return busiest
+
+
 @dataclass(frozen=True)
 class Fabric:
     """One fabric as a rank sees it: bus bandwidth (bytes/s) and latency per operation (s)."""
@@ -68,6 +90,12 @@ class Fabric:
     def time(self, op: str, size_bytes: float, n: int) -> float:
         """The flat alpha-beta cost of ``op`` on ``n`` ranks of this fabric."""
         return self.latency_s + size_bytes * bus_factor(op, n) / self.bandwidth_Bps
+
+    def all_to_all_time(self, matrix) -> float:
+        """An uneven all-to-all of ``matrix`` (bytes, sender by receiver) on this fabric alone."""
+        if len(matrix) <= 1:
+            return 0.0
+        return self.latency_s + busiest_rank_bytes(matrix) / self.bandwidth_Bps
 
 
 @dataclass(frozen=True)
@@ -116,3 +144,18 @@ class Topology:
         if op in ("broadcast", "reduce"):        # across the network once, inside a node once
             return inside.time(op, size_bytes, m) + across.time(op, size_bytes, k)
         return inside.latency_s + across.latency_s            # barrier: both latencies
+
+    def all_to_all_time(self, matrix, ranks) -> float:
+        """An uneven all-to-all (module docstring): ``matrix[s][d]`` bytes from the ``s``-th to
+        the ``d``-th of ``ranks`` (global ranks, group order), the slowest fabric deciding."""
+        ranks = list(ranks)
+        if len(ranks) <= 1:
+            return 0.0
+        same = [[self.node_of(a) == self.node_of(b) for b in ranks] for a in ranks]
+        times = []
+        for fabric in self.fabrics("all_to_all", ranks):
+            on_node = fabric == NVLINK
+            wire = self.node if on_node else self.network
+            busiest = busiest_rank_bytes(matrix, lambda s, d: same[s][d] == on_node)
+            times.append(wire.latency_s + busiest / wire.bandwidth_Bps)
+        return max(times)

@@ -7,6 +7,7 @@ Modules:
     ops       the math as plain functions (norms, attention, RoPE, loss)
     reference the nn.Modules and ReferenceModel; per-block reference helpers
     data      deterministic toy batches
+    moe       the mixture-of-experts layer: router, capacity, experts, load-balancing loss
 
 Quick start::
 
@@ -20,6 +21,7 @@ Quick start::
 from .config import ModelConfig
 from .data import make_batch
 from .init import dropout_mask, full_weight, full_weights, parameter_shapes, stable_seed
+from .moe import MoE, MoEConfig
 from .reference import (
     MLP,
     Attention,
@@ -39,7 +41,7 @@ from .reference import (
 from .sharding import ShardSpec, local_weight, shard_spec, shard_table, slice_for_rank, unslice
 
 __all__ = [
-    "ModelConfig", "make_batch",
+    "ModelConfig", "make_batch", "MoE", "MoEConfig",
     "dropout_mask", "full_weight", "full_weights", "parameter_shapes", "stable_seed",
     "Attention", "Block", "Embedding", "LayerNorm", "Linear", "LMHead", "MLP", "RMSNorm",
     "ReferenceModel", "ReferenceResult", "block_forward_reference", "grads_by_name",

@@ -135,6 +135,8 @@ def link_events(records, pid, offset_us: float, since_ns: int) -> list[dict]:
                        "ts": r.start_ns / 1000 + offset_us, "dur": r.link_ns / 1000,
                        "args": {"bytes": r.size_bytes, "seq": r.seq, "group_size": r.group_size,
                                 **how, "async": r.async_op,
+                                **({"recv_bytes": r.recv_bytes, "split_bytes": r.split_bytes}
+                                   if r.op == "all_to_all" else {}),
                                 "issued_ts": r.issued_ns / 1000 + offset_us}})
         if not r.measured and r.arrival_ns > r.end_ns:
             events.append({"ph": "X", "cat": "link_late", "name": f"{r.op}: peers late",
