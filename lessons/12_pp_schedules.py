@@ -1,10 +1,6 @@
 # %% [markdown]
 # # Lesson 12 — Pipelines with (almost) no bubble: virtual stages, the split backward, a V
 #
-# (Staged: sections 1 to 6 work on paper today; section 7, your schedules on ranks and in your
-# own trace, comes with the chunked executor, and the file becomes `12_pp_schedules.py` when lab
-# `pp_schedules` is registered.)
-#
 # Lesson 10 left every rank of a 1F1B pipeline idle for $(p-1)/(m+p-1)$ of the step, and its
 # benchmark showed that at most half of the steady state's transfers could hide. Production
 # pipelines go further with two ideas, and this lesson derives both from the dependencies:
@@ -109,38 +105,24 @@ lf.print_table([r for r in lesson.compare_table(SCHEDULE_FNS, P, 16) if r["v"] =
 # still has to reach rank $p-1$ and its gradient has to come back to rank $r$: how many forward
 # slots does that trip give rank $r$, counting one per hop, in each direction?
 #
-# The cell below plays two warm-up counts that differ only in that trip: one forward per hop
-# *down* only, and one per hop down *and back* (Megatron's). Run it with free transfers, then
-# with transfers of 0.1, 0.25 and 0.5 of a forward, and explain the difference before you read
-# on.
+# PyTorch ships both answers. `ScheduleInterleaved1F1B` is Megatron's order; the F's and B's of
+# `ScheduleInterleavedZeroBubble` (section 5) are the same order with a shorter warm-up, one
+# forward per hop *down* only. The cell takes both from PyTorch, folds each W of the second into
+# its B (so both are unsplit), and plays them with free transfers, then with transfers of 0.1,
+# 0.25 and 0.5 of a forward. Explain the difference before you read on.
 
 # %%
-from workbook.pipeline_parallel import B, F
+from workbook.pipeline_parallel.torch_orders import torch_order
 
-
-def megatron_like(p, v, m, rank, extra_per_hop):
-    """Megatron's order with a warm-up of (v - 1) p + extra_per_hop (p - 1 - rank) forwards."""
-    warm = min(v * m, (v - 1) * p + extra_per_hop * (p - 1 - rank))
-    taken = {F: [0] * v, B: [0] * v}
-
-    def action(kind, k):
-        c = (k // p) % v if kind == F else v - 1 - (k // p) % v
-        taken[kind][c] += 1
-        return (kind, taken[kind][c] - 1, c)
-
-    acts = [action(F, k) for k in range(warm)]
-    for j in range(v * m - warm):
-        acts += [action(F, warm + j), action(B, j)]
-    return acts + [action(B, j) for j in range(v * m - warm, v * m)]
-
-
-for hops in (1, 2):
-    acts = [megatron_like(P, 2, M, r, hops) for r in range(P)]
+orders = {"Megatron's, (v-1)p + 2(p-1-r)": torch_order("interleaved_1f1b", P, 2, M),
+          "one per hop down, (v-1)p + (p-1-r)": [[a for a in rank if a[0] != "W"]
+                                                 for rank in torch_order("zb_h1", P, 2, M)]}
+for warmup, acts in orders.items():
     check_chunked_schedule(acts, P, 2, M)
     steps = [simulate_chunked(acts, P, 2, **lesson.chunk_costs(2), t_p2p=c).step
              for c in (0.0, 0.1, 0.25, 0.5)]
     peak = max(simulate_chunked(acts, P, 2).peak_in_flight) / 2
-    print(f"warm-up (v-1)p + {hops}(p-1-r): step at transfer 0 / 0.1 / 0.25 / 0.5 = "
+    print(f"warm-up {warmup:36s}: step at transfer 0 / 0.1 / 0.25 / 0.5 = "
           + " / ".join(f"{s:.1f}" for s in steps) + f"; rank 0 holds {peak:g} stages' activations")
 
 # %% [markdown]

@@ -47,13 +47,13 @@ def interleaved_1f1b(p: int, v: int, m: int, rank: int) -> list[tuple]:
     the pipeline's dependencies; the grader compares yours, action by action, with the order
     PyTorch's ``ScheduleInterleaved1F1B`` runs. Contract:
 
-    * a list of ``(kind, micro_batch, chunk)`` with kind ``F`` or ``B``; chunk c of rank r is
-      stage ``c * p + r``;
+    * a list of (kind, micro-batch, chunk) triples, kind F or B; chunk c of rank r is stage
+      c*p + r;
     * the ranks' lists together pass ``check_chunked_schedule(..., placement="interleaved")``;
     * Megatron-LM's order exactly, including its warm-up count; ``v = 1`` is lab 10's
       ``one_f_one_b`` (Megatron-LM runs plain 1F1B when there are no virtual stages);
-    * ``v > 1`` with ``m`` not a multiple of ``p``: the given ``check_interleaved_shape``'s
-      one-line ``ValueError``."""
+    * ``v > 1`` with ``m`` not a multiple of ``p``: the one-line ``ValueError`` of the given shape
+      check (Megatron-LM's rule, in ``virtual_stages``)."""
     ### BEGIN SOLUTION
     ### hint 1: count the actions of the rank as one stream of v*m forwards and one of v*m backwards; the k-th of each decides its chunk by which group of p it is in (lesson 12, section 3, "Megatron's order").
     ### hint 2: check the shape; the warm-up is (v - 1)*p + 2*(p - 1 - rank) forwards (lab 10's p - 1 - rank when v is 1), capped at v*m; the k-th forward runs chunk (k // p) mod v and the k-th backward chunk v - 1 - (k // p) mod v, each chunk on its own next micro-batch; then warm-up forwards, pairs (next forward, next backward), the backwards left.
@@ -84,7 +84,7 @@ def zb_h1(p: int, v: int, m: int, rank: int) -> list[tuple]:
     ``interleaved_1f1b`` does. The grader compares yours, action by action, with the order
     PyTorch's ``ScheduleInterleavedZeroBubble`` runs. Contract:
 
-    * kinds ``F``, ``B`` and ``W``; the F's and B's in 1F1B's order, chunks switched as in
+    * kinds F, B and W; the F's and B's in 1F1B's order, chunks switched as in
       ``interleaved_1f1b`` (the warm-up is not Megatron's: lesson 12, section 5);
     * each W as soon as it can run without growing the rank's activations in flight beyond
       1F1B's rank 0's, in the order of the B's; on paper (``simulate_chunked``, equal costs)
@@ -130,8 +130,7 @@ def zbv(p: int, v: int, m: int, rank: int) -> list[tuple]:
     the first stage and the last. The grader compares yours, action by action, with the order
     PyTorch's ``ScheduleZBVZeroBubble`` runs. Contract:
 
-    * kinds ``F``, ``B`` and ``W``; the ranks' lists pass ``check_chunked_schedule(...,
-      placement="v")``;
+    * kinds F, B and W; the ranks' lists pass ``check_chunked_schedule(..., placement="v")``;
     * on paper (``simulate_chunked``, equal costs, ``m >= 2p``) every rank idles only
       ``(p - 1) t_F``, the least any schedule can, and holds at most ``2p`` chunk-activations
       (p whole stages: 1F1B's peak);

@@ -83,7 +83,10 @@ def test_a_release_at_each_level_holds_the_course_without_its_answers(level, rel
     assert all(list(by_level) == [level] for by_level in hints.values())   # its own level only
     manifest = json.loads((folder / RELEASE_MANIFEST).read_text())
     assert manifest["level"] == level
-    assert [s["lab"] for s in manifest["lessons_needing_reference_outputs"]] == LABS[3:]
+    # lessons 4-11 stand the reference in for an unfinished lab; lesson 12 draws PyTorch's own
+    # schedules instead (workbook.pipeline_parallel.torch_orders), so it needs none
+    assert [s["lab"] for s in manifest["lessons_needing_reference_outputs"]] == \
+        [lab for lab in LABS[3:] if lab != "pp_schedules"]
     code, out, err = _cli(["release", "--check", str(folder)], capsys)
     assert code == 0, out + err
     assert "holds nothing of the answer key" in out
