@@ -7,8 +7,8 @@
 
 Every way runs ``workbook.grading.engine.run_checks``: the tests of ``tests/grading/test_LAB.py``
 (without ``--nproc``, on every world size the grader uses; with it, on N ranks where a check
-allows), then the lab's figures (its family's ``<lab>_report``) unless no check could run the lab (it
-does not import, a run hung, or every check is still "not implemented yet"). It prints one
+allows), then the lab's figures (its family's ``<lab>_report``) unless no check could run the
+lab (it does not import, a run hung, or every check is still "not implemented yet"). It prints one
 line per check: passed checks together, each other check with its full message.
 
 Exit status: 0 every check passed; 1 a check failed or is not implemented yet; 2 a hang (the

@@ -1,4 +1,4 @@
-"""A learner in a student release: the commands of the learner's loop, with the release's own package.
+"""A learner in a student release: the learner's loop, run with the release's own package.
 
 One standard-level release is made (``workbook release``) and every command runs in it the way a
 student runs it there: ``python -m workbook.cli ...`` from the release's folder, its package first
@@ -206,8 +206,9 @@ def test_nothing_in_the_release_imports_solutions(course):
     for nb in folder.rglob("*.ipynb"):
         cells = json.loads(nb.read_text())["cells"]
         code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+        magic = ("%", "!")                                  # IPython lines: not Python
         sources[nb.relative_to(folder).as_posix()] = "\n".join(
-            "\n".join(line for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
+            "\n".join(line for line in cell.splitlines() if not line.lstrip().startswith(magic))
             for cell in code)
     assert any(rel.startswith("workbook/") for rel in sources) and len(sources) > 100
     imports = []
