@@ -13,9 +13,12 @@ on the path, no ``WORKBOOK_ROOT``. In it:
   points they mark;
 * no file imports ``solutions``.
 
-The self-check and the grading run at the same time (they are independent processes and the
-stubs' checks judge no measured time). Cost: about 35-60 s of wall time on a 2-core machine, most
-of it those two runs.
+A second, challenge-level release shows that a lab header edited to another level gets no other
+level's hints (that one test calls ``workbook.cli.main`` in this process, ``WORKBOOK_ROOT`` set).
+
+The self-check and the grading run at the same time (independent processes; the stubs' checks
+judge no measured time). Cost: about 40 s of wall time and 40 s of CPU on a 2-core machine with a
+load of 2-4, nearly all of it those two runs.
 """
 from __future__ import annotations
 
