@@ -2,7 +2,7 @@
 
     workbook doctor                       what this machine can run (backends, GPUs, link presets)
     workbook demo                         4 CPU ranks, every collective, traced (the README's demo)
-    workbook run LAB --nproc N            run a lab's self-check (labs/ by default)
+    workbook run LAB [LAB ...] --nproc N  run a lab's self-check (labs/ by default)
     workbook grade [--lab LAB] [--impl]   grade labs/ (or solutions/, or a folder) with points
     workbook assign [--check]             make labs/ from solutions/ (or check they agree)
     workbook release --level L -o DIR     the course a class is handed, without its answers
@@ -94,15 +94,30 @@ def topology_lines(flops: float, env) -> list[str]:
 
 
 def cmd_run(args) -> int:
-    from workbook.selfcheck import self_check
+    from workbook.selfcheck import EXIT_MEANING, self_check
+    labs = list(dict.fromkeys(args.lab))
+    unknown = [lab for lab in labs if lab not in LABS]
+    if unknown:
+        raise ValueError(f"unknown lab {unknown[0]!r}; the labs are {', '.join(LABS)}")
     if args.nnodes is None and args.nproc_per_node is None:
-        return self_check(args.lab, impl=args.impl, nproc=args.nproc, timeout=args.timeout,
-                          link=args.link, trace_dir=args.trace_dir)
+        codes = {}
+        for k, lab in enumerate(labs):              # one process: the rank pools stay warm
+            if k:
+                print()
+            traces = args.trace_dir and (str(Path(args.trace_dir) / lab) if len(labs) > 1
+                                         else args.trace_dir)         # several: DIR/LAB each
+            codes[lab] = self_check(lab, impl=args.impl, nproc=args.nproc, timeout=args.timeout,
+                                    link=args.link, trace_dir=traces)
+        worst = max(codes.values())                 # 2 (a hang) > 1 (a failure) > 0
+        if len(labs) > 1:
+            print(f"\n{len(labs)} labs: " + ", ".join(f"{lab} exit {c}" for lab, c in codes.items())
+                  + f"; exit {worst} ({EXIT_MEANING[worst]})")
+        return worst
+    if len(labs) > 1:
+        raise ValueError("--nnodes runs one lab as a torchrun job: name one LAB")
     from workbook.runtime import multinode                      # one torchrun agent per node
     nnodes, per_node = multinode.node_split(args.nnodes, args.nproc_per_node, args.nproc)
-    if args.lab not in LABS:
-        raise ValueError(f"unknown lab {args.lab!r}; the labs are {', '.join(LABS)}")
-    lab_file = impl_dir(args.impl) / f"{args.lab}.py"
+    lab_file = impl_dir(args.impl) / f"{labs[0]}.py"
     if not lab_file.is_file():
         raise FileNotFoundError(f"no lab file {lab_file}")
     return multinode.run_lab(lab_file, nnodes, per_node, timeout=args.timeout, link=args.link,
@@ -261,13 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "check, then the lab's figures. Exit status: 0 every check passed; 1 a check "
                     "failed or is not implemented yet; 2 a hang (each rank's last collective is "
                     "reported) or a usage error.")
-    p.add_argument("lab", help=", ".join(LABS))
+    p.add_argument("lab", nargs="+", metavar="LAB",
+                   help=f"{', '.join(LABS)}; several are checked in turn, in one process "
+                        f"(the exit status is the worst of theirs)")
     p.add_argument("--nproc", type=positive_count, default=None,
                    help="check on N ranks only (default: every world size the grader uses)")
     p.add_argument("--link", default="none",
                    help=f"simulated link for the figures: {', '.join(link.preset_names())}")
     p.add_argument("--impl", default="labs", help="labs (default), solutions, or a folder")
-    p.add_argument("--trace-dir", default=None, help="write the figures' per-rank traces here")
+    p.add_argument("--trace-dir", default=None,
+                   help="write the figures' per-rank traces here (several labs: in DIR/LAB)")
     p.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                    help=f"seconds with no progress on any rank (no collective entered or left, "
                         f"no computing) before a run counts as a hang and each rank's last call "

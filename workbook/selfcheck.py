@@ -7,7 +7,8 @@
 
 Every way runs ``workbook.grading.engine.run_checks``: the tests of ``tests/grading/test_LAB.py``
 (without ``--nproc``, on every world size the grader uses; with it, on N ranks where a check
-allows), then the lab's figures (its family's ``<lab>_report``) when the checks passed. It prints one
+allows), then the lab's figures (its family's ``<lab>_report``) unless no check could run the
+lab (it does not import, a run hung, or every check is still "not implemented yet"). It prints one
 line per check: passed checks together, each other check with its full message.
 
 Exit status: 0 every check passed; 1 a check failed or is not implemented yet; 2 a hang (the
@@ -80,6 +81,13 @@ def summary(lab: str, verdicts: list[Verdict]) -> str:
             f"{score:g} / {total:g} points; exit {code} ({EXIT_MEANING[code]})")
 
 
+def not_started(verdicts: list[Verdict]) -> bool:
+    """Is every check that ran "not implemented yet" (a fresh stub)? Its figures would stop at
+    the first TODO, after the lab's given variants had run for nothing (seconds, for some)."""
+    ran = [v for v in verdicts if v.status != SKIPPED]
+    return bool(ran) and all(v.status == NOT_IMPLEMENTED for v in ran)
+
+
 def self_check(lab: str, *, impl: str = "labs", nproc: int | None = None,
                timeout: float = DEFAULT_TIMEOUT_S, link: str = "none",
                trace_dir: str | None = None, job=None, write=print) -> int:
@@ -101,7 +109,9 @@ def self_check(lab: str, *, impl: str = "labs", nproc: int | None = None,
     printer = VerdictPrinter(out)
     verdicts = run_checks(lab, nproc=nproc, timeout=timeout, job=job, on_verdict=printer)
     printer.flush()
-    if not problem and not any(v.status == HANG for v in verdicts):
+    if not_started(verdicts):                    # the figures run the learner's code: none yet
+        out("  figures: once a task is done (they run your code, and none of it is written yet)")
+    elif not problem and not any(v.status == HANG for v in verdicts):
         _figures(lab, nproc, link, trace_dir, timeout, job, out)
     out(summary(lab, verdicts))
     if not quiet and nproc is None and folder.name != "solutions":   # the learner's progress

@@ -96,7 +96,11 @@ def run_autograder(bundle: Path, root: Path, submission: dict, python=sys.execut
         (root / "submission" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "submission" / name).write_text(text)
     (root / "submission").mkdir(exist_ok=True)
-    env = dict(os.environ, AUTOGRADER_ROOT=str(root), WORKBOOK_AUTOGRADER_PYTHON=str(python))
+    # no setup.sh here, so no wheel installed: the grader imports the checkout under test, put
+    # first (a venv's editable install, or a student release beside it, is another copy)
+    path = os.pathsep.join([str(repo_root()), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {k: v for k, v in os.environ.items() if k not in ("WORKBOOK_ROOT", "WORKBOOK_IMPL")}
+    env.update(AUTOGRADER_ROOT=str(root), WORKBOOK_AUTOGRADER_PYTHON=str(python), PYTHONPATH=path)
     out = subprocess.run([str(root / "run_autograder")], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

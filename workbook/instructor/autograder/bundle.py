@@ -13,7 +13,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from workbook.grading.labs import LABS, repo_root
+from workbook.grading.labs import LABS, is_release, repo_root
 
 DEFAULT_TEST_TIMEOUT_S = 120.0   # one test; a run on ranks inside it also keeps its own timeout
 DEFAULT_TIME_BUDGET_S = 540.0    # the whole run: 9 minutes, inside Gradescope's default 10
@@ -25,6 +25,8 @@ ENV_PYTHON = "WORKBOOK_AUTOGRADER_PYTHON"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PYPI_INDEX = "https://pypi.org/simple"
 SKIP_PARTS = ("__pycache__", "__MACOSX")
+NOT_IN_A_RELEASE = ("this course is a student release, which has neither the reference solutions "
+                    "nor the hidden tests: build the Gradescope zip in the course repository")
 GRADER_FAILED = ("The autograder stopped before it could grade this submission (this is not about "
                  "your code). Your instructor can see why: please tell them.")
 
@@ -72,7 +74,10 @@ def build(labs, output, *, extra_tests=None, test_timeout: float = DEFAULT_TEST_
     """Write the autograder zip for ``labs`` to ``output``; return its path. ``max_ranks``: a
     rank cap (a whole number) or ``"auto"`` (chosen on the grading machine, ``run.rank_cap``).
     ``level``: the level the class's labs were handed out at (``workbook assign --level``); the
-    same tests grade every level, so it only labels the results."""
+    same tests grade every level, so it only labels the results. Refused in a student release
+    (``workbook release``): the zip is the instructor's, built where the hidden tests are."""
+    if is_release():
+        raise ValueError(NOT_IN_A_RELEASE)
     if level not in ("guided", "standard", "challenge"):
         raise ValueError(f"--level must be guided, standard or challenge, not {level!r}")
     if str(max_ranks) != "auto" and not (str(max_ranks).isdigit() and int(max_ranks) >= 1):

@@ -1,0 +1,224 @@
+"""A learner in a student release: the learner's loop, run with the release's own package.
+
+One standard-level release is made (``workbook release``) and every command runs in it the way a
+student runs it there: ``python -m workbook.cli ...`` from the release's folder, its package first
+on the path, no ``WORKBOOK_ROOT``. In it:
+
+* ``workbook run LAB ...`` on the stubs exits 1, and every lab says "not implemented yet" on a
+  TODO line and scores 0 (all eleven labs in one ``workbook run``, one process, so its rank pools
+  are started once: a process per lab would start them eleven times);
+* ``workbook progress`` shows what that self-check recorded, and ``workbook hint`` gives one rung
+  at a time of the release's own level, which is the only level its hints hold;
+* the public grading tests (``pytest`` on the release's ``tests/``) give the stubs 0 of the
+  points they mark;
+* no file imports ``solutions``.
+
+A second, challenge-level release shows that a lab header edited to another level gets no other
+level's hints (that one test calls ``workbook.cli.main`` in this process, ``WORKBOOK_ROOT`` set).
+
+The self-check and the grading run at the same time (independent processes; the stubs' checks
+judge no measured time). Cost: about 40 s of wall time and 40 s of CPU on a 2-core machine with a
+load of 2-4, nearly all of it those two runs.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbook.grading.labs import LABS, RELEASE_MANIFEST, repo_root
+from workbook.grading.points import graded_tests
+from workbook.instructor import release
+
+ROOT = repo_root()
+LEVEL = "standard"
+
+
+def learner_env(folder: Path) -> dict:
+    """A learner's environment in the release: its own package first, no course root set."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WORKBOOK_ROOT", "WORKBOOK_IMPL") and not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = str(folder)
+    return env
+
+
+def workbook(folder: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbook.cli", *argv], cwd=folder,
+                          env=learner_env(folder), capture_output=True, text=True, timeout=timeout)
+
+
+def public_points(folder: Path, lab: str) -> float:
+    path = folder / "tests" / "grading" / f"test_{lab}.py"
+    return sum(g.points for g in graded_tests(path.read_text(), str(path)).values())
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """The release, and the two long runs on its stubs, started together and awaited:
+    ``(folder, self-check of every lab, grading by pytest, results.json)``."""
+    folder = tmp_path_factory.mktemp("learner") / "release"
+    release.make_release(ROOT, folder, LEVEL)
+    results = folder.parent / "results.json"
+    env = learner_env(folder)
+    run = subprocess.Popen([sys.executable, "-m", "workbook.cli", "run", *LABS], cwd=folder,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    grade = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              "--gradescope", str(results)], cwd=folder, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run_out, _ = run.communicate(timeout=400)
+        grade_out, _ = grade.communicate(timeout=400)
+    finally:
+        for proc in (run, grade):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return folder, (run.returncode, run_out), (grade.returncode, grade_out), results
+
+
+# --------------------------------------------------------------------------- workbook run
+def test_the_stubs_self_check_to_todo_for_every_lab(course):
+    folder, (code, out), _, _ = course
+    assert code == 1, out
+    assert "Traceback" not in out, out
+    parts = re.split(r"(?m)^(?=\w+ self-check: )", out)
+    by_lab = {part.split(" ", 1)[0]: part for part in parts if " self-check: " in part}
+    assert list(by_lab) == LABS, out
+    for lab, text in by_lab.items():
+        assert f"{lab} self-check: labs/{lab}.py on the grader's world sizes" in text
+        todo = [line for line in text.splitlines() if line.startswith("  TODO ")]
+        assert todo, f"{lab}: no TODO line\n{text}"
+        assert f"not implemented yet: {lab}." in text, text
+        assert not re.search(r"(?m)^  (FAIL|HANG) ", text), text
+        points = public_points(folder, lab)
+        assert re.search(rf"(?m)^{lab}: 0 of \d+ checks passed, 0 / {points:g} points; exit 1 ",
+                         text), text
+    assert f"{len(LABS)} labs: " + ", ".join(f"{lab} exit 1" for lab in LABS) in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "collectives", "telepathy"], "unknown lab 'telepathy'; the labs are collectives, "),
+    (["run", "tp", "sp", "--nnodes", "2", "--nproc-per-node", "1"],
+     "--nnodes runs one lab as a torchrun job: name one LAB"),
+])
+def test_several_labs_bad_input_is_one_line_before_any_check(argv, message, capsys):
+    from workbook import cli
+    assert cli.main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1 and message in out.err, out
+
+
+def test_progress_shows_what_the_self_check_recorded(course):
+    folder = course[0]
+    out = workbook(folder, "progress")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"progress of {folder / 'labs'}/")
+    tasks = json.loads((folder / "labs" / "hints.json").read_text())
+    for lab in LABS:
+        line = next(line for line in lines if line.split()[:1] == [lab])
+        assert f" 0 / {public_points(folder, lab):g} points (" in line, line
+        first = tasks[lab][LEVEL][0]["title"]                # every task is still to do
+        assert f"next: task 1, {first}" in line, line
+
+
+# --------------------------------------------------------------------------- workbook hint
+def test_hints_come_one_rung_at_a_time_from_the_releases_level_only(course):
+    folder = course[0]
+    table = json.loads((folder / "labs" / "hints.json").read_text())
+    assert sorted(table) == sorted(LABS) and all(list(t) == [LEVEL] for t in table.values())
+    lab = "ring_allreduce"
+    rungs = table[lab][LEVEL][0]["rungs"]
+    first = workbook(folder, "hint", lab, "1")
+    assert first.returncode == 0, first.stderr
+    assert "hint 1 of 3, the idea:" in first.stdout and "hint 2 of 3" not in first.stdout
+    assert all(line in first.stdout for line in rungs[0])
+    assert not any(line in first.stdout for line in rungs[1] + rungs[2] if line.strip())
+    second = workbook(folder, "hint", lab, "1")
+    assert "hint 2 of 3, the steps:" in second.stdout and "hint 1 of 3" not in second.stdout
+    # the task list is the release's level's: one past its end is a one-line error
+    past = len(table[lab][LEVEL]) + 1
+    wrong = workbook(folder, "hint", lab, str(past))
+    assert wrong.returncode == 2 and f"{lab} has no task '{past}'" in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1
+
+
+def test_a_lab_header_edited_to_another_level_gets_no_other_levels_hints(tmp_path, monkeypatch,
+                                                                         capsys):
+    """A challenge release's hints hold its coarse tasks only: a learner who edits a lab's
+    header to say ``standard`` gets no standard task from ``workbook hint``."""
+    from workbook import cli
+    folder = tmp_path / "challenge"
+    release.make_release(ROOT, folder, "challenge")
+    table = json.loads((folder / "labs" / "hints.json").read_text())
+    lab = "collectives"
+    coarse = table[lab]["challenge"]
+    course = json.loads((ROOT / "labs" / "hints.json").read_text())[lab]["standard"]
+    assert len(coarse) < len(course)
+    path = folder / "labs" / f"{lab}.py"
+    path.write_text(path.read_text().replace("(level: challenge)", "(level: standard)", 1))
+    monkeypatch.setenv("WORKBOOK_ROOT", str(folder))
+    assert cli.main(["hint", lab, str(len(coarse) + 1)]) == 2
+    assert f"{lab} has no task '{len(coarse) + 1}'" in capsys.readouterr().err
+    assert cli.main(["hint", lab, "2", "--all"]) == 0
+    shown = capsys.readouterr().out
+    assert f"{lab}, task 2: {coarse[1]['title']}" in shown
+    assert course[1]["title"] != coarse[1]["title"]
+
+
+# --------------------------------------------------------------------------- grading
+def test_the_public_grading_tests_give_the_stubs_zero(course):
+    folder, _, (code, out), results = course
+    assert code == 1, out[-3000:]
+    res = json.loads(results.read_text())
+    assert res["score"] == 0 and res["tests"], out[-3000:]
+    assert all(t["score"] == 0 and t["max_score"] > 0 for t in res["tests"])
+    total = sum(public_points(folder, lab) for lab in LABS)
+    assert sum(t["max_score"] for t in res["tests"]) == pytest.approx(total)
+    assert {t["name"].split("::")[0] for t in res["tests"]} == set(LABS)
+    assert re.search(rf"(?m)^TOTAL\s+0 / {total:g}\b", out), out[-3000:]
+
+
+# --------------------------------------------------------------------------- no answer key
+def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, module)`` for every import statement, and every ``import_module("...")`` or
+    ``__import__("...")`` call with a literal name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) and getattr(
+                    node.func, "attr", getattr(node.func, "id", "")) in ("import_module",
+                                                                         "__import__"):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def test_nothing_in_the_release_imports_solutions(course):
+    folder = course[0]
+    sources = {p.relative_to(folder).as_posix(): p.read_text() for p in folder.rglob("*.py")}
+    for nb in folder.rglob("*.ipynb"):
+        cells = json.loads(nb.read_text())["cells"]
+        code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+        magic = ("%", "!")                                  # IPython lines: not Python
+        sources[nb.relative_to(folder).as_posix()] = "\n".join(
+            "\n".join(line for line in cell.splitlines() if not line.lstrip().startswith(magic))
+            for cell in code)
+    assert any(rel.startswith("workbook/") for rel in sources) and len(sources) > 100
+    imports = []
+    for rel, text in sources.items():
+        imports += [(f"{rel}:{line}", name) for line, name in _imported_modules(ast.parse(text))]
+    assert any(name == "workbook.grading.labs" for _, name in imports)        # the scan sees them
+    bad = [(where, name) for where, name in imports if name.split(".")[0] == "solutions"]
+    assert not bad, bad
+    assert not (folder / "solutions").exists()
+    assert json.loads((folder / RELEASE_MANIFEST).read_text())["level"] == LEVEL
