@@ -46,7 +46,8 @@ def _layer_fn(variant, layer):
 
 def distributed_variants(ep_cases):
     """Every (variant, case) on this rank: output, input gradient, parameter gradients, and per
-    token all-to-all of the link's log (bytes > the counts'), whether it was waited at once."""
+    token all-to-all of the link's log (not the counts'), whether it was waited at once, and the
+    bytes this rank's forward dispatch received (both micro-batches')."""
     rank, ep = dist.get_rank(), dist.get_world_size()
     link.set_link(FAST)
     results = {}
@@ -61,10 +62,12 @@ def distributed_variants(ep_cases):
                 with CountGemms():
                     y = _layer_fn(variant, layer)(xr)
                     y.backward(g[rows])
-                tokens = [waited_at_once(r) for r in link.op_log()[before:]
-                          if r.op == "all_to_all" and r.size_bytes != moe.num_experts * 8]
+                moved = [r for r in link.op_log()[before:]
+                         if r.op == "all_to_all" and r.size_bytes != moe.num_experts * 8]
+                tokens = [waited_at_once(r) for r in moved]
+                received = moved[0].recv_bytes + (moved[1].recv_bytes if "two" in variant else 0)
                 grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
-                results[variant, c] = (y.detach(), xr.grad, grads, tokens)
+                results[variant, c] = (y.detach(), xr.grad, grads, tokens, received)
     finally:
         link.set_link(None)
     return results
@@ -100,7 +103,9 @@ def test_variants_equal_the_reference_and_hide(ep):
             want = {n: p.grad for n, p in layer.named_parameters()}
             summed = {}
             for rank in range(ep):
-                got_y, got_gx, grads, tokens = per_rank[rank][variant, c]
+                got_y, got_gx, grads, tokens, received = per_rank[rank][variant, c]
+                if case[5] and rank == ep - 1:
+                    assert received == 0, f"{variant}, case {case}: the last rank got tokens"
                 rows = rank_rows(y.shape[0], rank, ep)
                 where = f"{variant}, case {case}, rank {rank}"
                 close(got_y, y[rows], f"{where}: output")

@@ -1,9 +1,9 @@
 """Two micro-batches through one MoE layer: the actions, their dependencies, and a schedule check.
 
-A given piece of lab ``ep_overlap`` (lesson 13, section 5, "Two micro-batches"). DeepSeek-V3
-(arXiv 2412.19437, section 3.2.2) hides expert parallelism's all-to-alls by running two
-micro-batches, ``A`` and ``B`` (each half of a rank's tokens), against each other: while A's
-tokens travel, B computes, and the other way round. A schedule is a list of *actions*, each a
+A given piece of lab ``ep_overlap`` (lesson 13, section 7, "Two micro-batches"). DeepSeek-V3
+(arXiv 2412.19437: section 3.4.1 for serving; DualPipe, section 3.2.2, for training) hides
+expert parallelism's all-to-alls by running two micro-batches, ``A`` and ``B`` (each half of a
+rank's tokens), against each other: while A's tokens travel, B computes, and the other way round. A schedule is a list of *actions*, each a
 tuple ``(kind, micro_batch, step)``; ``kind`` is ``"compute"``, ``"start"`` (an all-to-all
 issued, ``async_op=True``) or ``"wait"`` (its work handle waited on)::
 
@@ -110,7 +110,7 @@ def check_schedule(schedule: Sequence[Action], phase: str, deferred_wgrad: bool 
 def exposed_transfers(schedule: Sequence[Action]) -> List[str]:
     """The transfers (``"A.dispatch"``, ...) with no compute between their start and their wait:
     the ones nothing hides (in a one-layer schedule, the last of the forward and the first of
-    the backward can only hide behind the next layer, lesson 13, section 5)."""
+    the backward can only hide behind the next layer, lesson 13, section 7)."""
     out, started = [], {}
     for i, (kind, mb, step) in enumerate(schedule):
         if kind == "start":
