@@ -157,3 +157,47 @@ def test_a_missing_shared_expert_is_a_one_line_error():
     cfg, moe, _, _ = setup(("gpt", 4, 2, None, False, False), 1)
     with pytest.raises(ValueError, match="needs a shared expert"):
         SOL.ep_moe_shared_overlap(local_moe(cfg, moe, 0, 1), torch.zeros(2, 16))
+
+
+def test_the_check_refuses_a_backward_that_waits_for_a_combine_before_the_other_computes():
+    bad = [("start", "A", "combine"), ("start", "B", "combine"), ("wait", "A", "combine"),
+           ("compute", "A", "experts"), ("start", "A", "dispatch"), ("wait", "A", "dispatch"),
+           ("wait", "B", "combine"), ("compute", "B", "experts"), ("start", "B", "dispatch"),
+           ("compute", "A", "router"), ("wait", "B", "dispatch"), ("compute", "B", "router")]
+    with pytest.raises(ScheduleError) as err:
+        check_schedule(bad, "backward")
+    assert "A.combine, A.dispatch" in str(err.value)
+    assert "wait for A.dispatch only after the other micro-batch has computed" in str(err.value)
+
+
+def test_the_schedule_check_needs_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys; from workbook.expert_parallel import check_schedule; "
+            "assert 'torch' not in sys.modules, 'the schedule check imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("style", ["gpt", "llama"])
+def test_deferred_expert_weight_gradients_equal_autograds(style):
+    from workbook.expert_parallel import ExpertGradStore, run_experts, run_experts_deferred
+    cfg, moe, _, _ = setup((style, 4, 2, None, False, False), 1)
+    plain, deferred = MoE(cfg, moe), MoE(cfg, moe)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(9, 16, generator=gen, dtype=torch.float64)
+    g = torch.randn(9, 16, generator=gen, dtype=torch.float64)
+    counts = [4, 0, 3, 2]                       # expert 1 gets no row
+    run_experts(plain.expert_list(), x, counts).backward(g)
+    store = ExpertGradStore()
+    xd = x.clone().requires_grad_()
+    with store.deferring("A"):
+        run_experts_deferred(deferred.expert_list(), xd, counts, store).backward(g)
+    assert all(p.grad is None for n, p in deferred.named_parameters() if ".experts." in n
+               or n.startswith("experts.")), "a weight gradient was computed before the flush"
+    assert store.pending() == ["A"]
+    linears = 2 if style == "gpt" else 3
+    assert store.flush("A") == 4 * linears and store.pending() == []
+    want = dict(plain.named_parameters())
+    for name, p in deferred.named_parameters():
+        if name.startswith("experts."):
+            close(p.grad, want[name].grad, f"{style}: {name}")

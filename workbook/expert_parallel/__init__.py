@@ -3,7 +3,7 @@ layer spread over ranks (``expert_parallel``: where each expert lives, the token
 around the all-to-alls, and the single-device layer they must equal, re-exported from
 ``workbook.model.moe``), ``deferred_wgrad`` (the experts' backward in two: the input gradient now,
 the weight gradients later) and ``two_batch`` (the two-micro-batch actions and the schedule
-check).
+check, pure) with ``two_batch_executor`` (what runs a schedule on the ranks).
 
 A family imports the layers below it, never another family. This ``__init__`` only re-exports
 the given pieces, each imported on first use (so a family's bench or report imports no torch
@@ -21,7 +21,7 @@ _GIVEN = dict.fromkeys((
     "ExpertGradStore", "mlp_deferred", "run_experts_deferred"
 ), "deferred_wgrad") | dict.fromkeys((
     "Action", "ScheduleError", "check_schedule", "exposed_transfers", "layer_actions"
-), "two_batch")
+), "two_batch") | {"TwoBatchExecutor": "two_batch_executor"}
 
 
 def __getattr__(name: str):          # PEP 562: ``from workbook.expert_parallel import X``

@@ -23,7 +23,8 @@ issued, ``async_op=True``) or ``"wait"`` (its work handle waited on)::
 Each line depends on the one above it (``wgrad`` on ``experts`` only). :func:`check_schedule`
 checks that a schedule runs (every action once, dependencies first) and that it *hides*: when
 it waits for a transfer, no compute action that was ready was left for after the wait with
-nothing computed since the transfer started. It raises ``ScheduleError`` with a one-line message.
+nothing computed since the transfer started, and only one transfer per pass is left with
+nothing to hide it. It raises ``ScheduleError`` with a one-line message.
 """
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ def check_schedule(schedule: Sequence[Action], phase: str, deferred_wgrad: bool 
     Runs: every action of ``layer_actions(phase, deferred_wgrad)`` exactly once, each after the
     actions it depends on. Hides: at each ``wait`` of a transfer started at position ``s``, if
     no compute ran since ``s`` while some compute action was ready (all its dependencies done)
-    and not yet run, the wait came too early: that compute should have gone first."""
+    and not yet run, the wait came too early: that compute should have gone first. And at most
+    one transfer per pass travels with no compute between its start and its wait (in one layer,
+    the last of the forward and the first of the backward have nothing left to hide behind)."""
     deps = layer_actions(phase, deferred_wgrad)
     done: List[Action] = []
     started_at: Dict[Tuple[str, str], int] = {}
@@ -105,6 +108,14 @@ def check_schedule(schedule: Sequence[Action], phase: str, deferred_wgrad: bool 
     if left:
         raise ScheduleError(f"the {phase} schedule never runs {name(left[0])}"
                             + (f" (and {len(left) - 1} more)" if len(left) > 1 else ""))
+    exposed = exposed_transfers(schedule)
+    if len(exposed) > 1:
+        unavoidable = exposed[-1] if phase == "forward" else exposed[0]
+        avoidable = [t for t in exposed if t != unavoidable]
+        raise ScheduleError(
+            f"{len(exposed)} transfers of the {phase} pass travel with nothing computed "
+            f"({', '.join(exposed)}); only the {'last' if phase == 'forward' else 'first'} one "
+            f"has to: wait for {avoidable[0]} only after the other micro-batch has computed")
 
 
 def exposed_transfers(schedule: Sequence[Action]) -> List[str]:
