@@ -147,6 +147,8 @@ def test_the_check_refuses_waiting_for_A_before_B_computes():
     ([("compute", "A", "router")] * 2, "appears twice"),
     ([("compute", "A", "router")], "never runs start A.dispatch"),
     ([("compute", "C", "router")], "not an action of the forward pass"),
+    (["compute A.router"], r"not a \(kind, micro_batch, step\) tuple"),
+    (None, "must be a list of"),
 ])
 def test_the_check_names_what_does_not_run(schedule, says):
     with pytest.raises(ScheduleError, match=says):

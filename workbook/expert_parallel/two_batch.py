@@ -76,9 +76,14 @@ def check_schedule(schedule: Sequence[Action], phase: str, deferred_wgrad: bool 
     one transfer per pass travels with no compute between its start and its wait (in one layer,
     the last of the forward and the first of the backward have nothing left to hide behind)."""
     deps = layer_actions(phase, deferred_wgrad)
+    if not isinstance(schedule, (list, tuple)):
+        raise ScheduleError(f"the {phase} schedule must be a list of (kind, micro_batch, step) "
+                            f"tuples, got {type(schedule).__name__}")
     done: List[Action] = []
     started_at: Dict[Tuple[str, str], int] = {}
     for i, action in enumerate(schedule):
+        if not isinstance(action, (list, tuple)) or len(action) != 3:
+            raise ScheduleError(f"step {i}: {action!r} is not a (kind, micro_batch, step) tuple")
         action = tuple(action)
         if action not in deps:
             raise ScheduleError(f"step {i}: {action!r} is not an action of the {phase} pass "
