@@ -169,12 +169,10 @@ def yours_reference_or_recorded(lab: str) -> str:
     ``"reference"`` (the instructor's course: the lesson runs ``solutions/LAB.py`` live where
     your lab does not run yet), else ``"recorded"``: a student release, which has no
     solutions. Then every later cell that depends on the reference shows what it printed and
-    drew when the release was made (``lessons/recorded/LAB.json``, written by
+    drew when the release was made (``lessons/recorded/LAB.json.gz``, written by
     ``workbook release``), labelled ``recorded_label``, and the other cells run as usual."""
-    import json
-
     from workbook.grading.labs import repo_root
-    from workbook.instructor.lesson_recording import RECORDED_DIR
+    from workbook.instructor import lesson_recording
     root = repo_root()
     numbers = open_tasks(lab)
     _SHOWN.clear()
@@ -182,12 +180,12 @@ def yours_reference_or_recorded(lab: str) -> str:
         return "yours"
     if (root / "solutions").is_dir():
         return "reference"
-    path = root / RECORDED_DIR / f"{lab}.json"
+    path = root / lesson_recording.recording_file(lab)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: this course has no solutions/ and no "
                                 f"recording of the reference; finish {_tasks_words(numbers)} of "
                                 f"labs/{lab}.py, or ask for a release made by `workbook release`")
-    recording = json.loads(path.read_text())
+    recording = lesson_recording.load(path)
     _SHOWN.update(cells={c["key"]: c for c in recording["cells"]},
                   label=recorded_label(lab, recording, numbers))
     _replay_from_now_on()

@@ -4,7 +4,7 @@ Lessons 4 to 11 show figures, traces and tables of a lab; where the learner's la
 yet, they run the reference ``solutions/LAB.py`` in its place. A student release has no
 ``solutions/``, so ``workbook release`` runs each such lesson once, on the instructor's machine,
 with the release's own stub labs (so every lesson takes its reference path), and keeps what the
-cells that depend on the reference printed and drew: ``lessons/recorded/LAB.json``. In the
+cells that depend on the reference printed and drew: ``lessons/recorded/LAB.json.gz``. In the
 release, ``workbook.lessons.yours_reference_or_recorded`` shows those outputs in place of the
 cells, labelled as the reference's, until the learner's lab is finished.
 
@@ -22,6 +22,7 @@ the same way).
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
 import json
 import os
@@ -39,6 +40,22 @@ KEEP = ("application/vnd.plotly.v1+json", "image/png", "image/svg+xml", "text/ma
 MUTATORS = {"append", "extend", "update", "setdefault", "insert", "add", "pop", "clear"}
 CELL_TIMEOUT_S = 240
 CACHE_DIR = "runs/recorded-lessons"          # the instructor's cache (git ignores runs/)
+
+
+def recording_file(lab: str) -> str:
+    """Where a release keeps the recording of ``lab``'s lesson (gzip'd JSON: a lesson's full
+    trace timeline is megabytes of text, a tenth of that compressed)."""
+    return f"{RECORDED_DIR}/{lab}.json.gz"
+
+
+def dump(recording: dict) -> bytes:
+    """A recording as the release stores it: the same bytes for the same recording."""
+    return gzip.compress(json.dumps(recording, separators=(",", ":")).encode(), mtime=0)
+
+
+def load(path: Path) -> dict:
+    """A recording ``dump`` wrote."""
+    return json.loads(gzip.decompress(Path(path).read_bytes()))
 
 
 def cell_key(source: str) -> str:
@@ -99,16 +116,30 @@ def machine() -> dict:
             "torch": torch.__version__, "device": "CPU ranks over gloo, simulated link"}
 
 
+def _rounded(value):
+    """``value`` with every float to 6 significant digits: a figure's numbers, a third the text."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
 def _kept(output: dict) -> dict | None:
     """An output as a recording keeps it (None: nothing worth keeping, such as a widget view)."""
     kind = output.get("output_type")
     if kind == "stream":
         return {"output_type": "stream", "name": output["name"], "text": output["text"]}
     if kind in ("display_data", "execute_result"):
+        if "application/vnd.jupyter.widget-view+json" in output.get("data", {}):
+            return None                          # a widget's view: its text is only its repr
         data = {m: output["data"][m] for m in KEEP if m in output.get("data", {})}
         if "application/vnd.plotly.v1+json" in data:
             data.pop("text/html", None)                 # the figure itself is enough
-        if not data or set(data) == {"text/plain"} and "widget" in str(data["text/plain"]):
+            data["application/vnd.plotly.v1+json"] = _rounded(data["application/vnd.plotly.v1+json"])
+        if not data:
             return None
         return {"output_type": "display_data", "data": data}
     return None
@@ -153,10 +184,12 @@ def record_lesson(script: Path, lab: str, course: Path, timeout: float = CELL_TI
 
 
 def _fingerprint(root: Path, script: Path, lab: str) -> str:
-    """What a recording depends on: the lesson, the reference and the package's code."""
+    """What a recording depends on: the lesson, the reference and the package's code that
+    lessons run (all of it but ``workbook/instructor``, which makes releases)."""
     h = hashlib.sha256()
-    for path in [script, root / "solutions" / f"{lab}.py",
-                 *sorted((root / "workbook").rglob("*.py"))]:
+    package = [p for p in sorted((root / "workbook").rglob("*.py"))
+               if "instructor" not in p.relative_to(root / "workbook").parts]
+    for path in [script, root / "solutions" / f"{lab}.py", *package]:
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:20]
 
@@ -165,7 +198,7 @@ def record_lessons(root: Path, lessons: list[dict], labs: dict[str, bytes],
                    made_from: dict) -> tuple[dict[str, bytes], dict]:
     """Record every lesson of ``lessons`` (``[{lesson, lab}]``, as ``release.lessons_standing_in``
     finds them) with the stub labs ``labs`` (``{"tp.py": bytes, "hints.json": ...}``): the
-    release's files ``lessons/recorded/LAB.json``, and the manifest's entry for them. A recording
+    release's files ``lessons/recorded/LAB.json.gz``, and the manifest's entry for them. A recording
     whose lesson, reference and package are unchanged is taken from ``CACHE_DIR``."""
     course = Path(tempfile.mkdtemp(prefix="workbook-recording-"))
     files, timings, t0 = {}, {}, time.perf_counter()
@@ -185,9 +218,11 @@ def record_lessons(root: Path, lessons: list[dict], labs: dict[str, bytes],
                 recording |= {"made_from": made_from, "machine": machine(),
                               "recorded_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
                 cache.parent.mkdir(parents=True, exist_ok=True)
-                cache.write_text(json.dumps(recording))
+                partial = cache.with_suffix(f".{os.getpid()}.part")
+                partial.write_text(json.dumps(recording))
+                partial.replace(cache)                  # whole, even with two releases at once
                 timings[lab] = recording["seconds"]
-            files[f"{RECORDED_DIR}/{lab}.json"] = (json.dumps(recording, indent=1) + "\n").encode()
+            files[recording_file(lab)] = dump(recording)
     finally:
         shutil.rmtree(course, ignore_errors=True)
     entry = {"what": "outputs of the reference, recorded for the lessons that show it "

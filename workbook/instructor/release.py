@@ -18,7 +18,7 @@ The repository is the course *and* its answer key. A release holds what a learne
   the course had changes not committed), what was left out, the lessons that stand the
   reference in for an unfinished lab, the recording of what the reference showed in them
   (below) and a hash of every file it wrote;
-* ``lessons/recorded/LAB.json``: for each lesson that stands the reference in for an unfinished
+* ``lessons/recorded/LAB.json.gz``: for each lesson that stands the reference in for an unfinished
   lab, what the cells that depend on the reference printed and drew, recorded from the
   reference on the instructor's machine when the release is made
   (``workbook.instructor.lesson_recording``); the lesson shows them, labelled as the
@@ -32,6 +32,7 @@ are taken out (``unlink_missing``).
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
 import json
 import re
@@ -278,7 +279,7 @@ def release_files(root: Path, level: str, record: bool = True) -> dict[str, byte
 def recorded_lessons(root: Path, level: str, standing_in: list[dict],
                      files: dict[str, bytes]) -> dict:
     """Record the reference's outputs for the lessons ``standing_in`` with the release's own
-    stub labs, add them to ``files`` (``lessons/recorded/LAB.json``) and return the manifest's
+    stub labs, add them to ``files`` (``lessons/recorded/LAB.json.gz``) and return the manifest's
     entry: the commit, the machine, the seconds it took and each file's size. A recording
     that shows a line of the answer key is an error naming it (it holds outputs, never code)."""
     from workbook.instructor.release_check import answer_lines
@@ -287,12 +288,12 @@ def recorded_lessons(root: Path, level: str, standing_in: list[dict],
     recorded, entry = lesson_recording.record_lessons(root, todo, labs, _commit(root))
     key, _ = answer_lines(root, level)
     for rel, data in recorded.items():
-        leaks = lesson_recording.answer_text(json.loads(data), key)
+        leaks = lesson_recording.answer_text(json.loads(gzip.decompress(data)), key)
         if leaks:
             raise ReleaseError(f"{rel} would show a line of the answers{leaks[0]}: change the "
                                f"lesson so that it prints no code of the reference")
     files |= recorded
-    first = json.loads(next(iter(recorded.values()))) if recorded else {}
+    first = json.loads(gzip.decompress(next(iter(recorded.values())))) if recorded else {}
     return {**entry, "made_from": first.get("made_from"), "machine": first.get("machine")}
 
 
