@@ -93,7 +93,7 @@ def test_the_release_holds_a_recording_per_lesson_naming_commit_and_machine(made
         recording = lesson_recording.load(made / rel)
         assert recording["lesson"] == s["lesson"] and recording["cells"], rel
         assert recording["made_from"]["commit"] and recording["machine"]["torch"]
-        assert all(c["outputs"] for c in recording["cells"][:1]), rel
+        assert any(c["outputs"] for c in recording["cells"]), rel
         assert entry["bytes"][rel] == len((made / rel).read_bytes()) < 500_000, rel
         assert manifest["files"][rel]
     print("sizes:", entry["bytes"], "recording took", entry["seconds"], "s:",

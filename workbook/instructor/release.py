@@ -350,9 +350,11 @@ def make_release(root: Path, out: Path, level: str = assign.DEFAULT_LEVEL,
     return files
 
 
-def update_release(root: Path, folder: Path, level: str | None = None) -> list[str]:
+def update_release(root: Path, folder: Path, level: str | None = None,
+                   record: bool | None = None) -> list[str]:
     """Bring the release in ``folder`` up to date with the course at ``root``; return what was
-    done, a line per file. A file the learner edited since the release (its hash differs from
+    done, a line per file. ``record`` (default: as the release was made) records the lessons'
+    reference outputs again (``recorded_lessons``; unchanged ones come from the cache). A file the learner edited since the release (its hash differs from
     the manifest's) is never overwritten: the course's new version goes beside it as
     ``NAME.new``. Files the new release no longer holds are removed when unedited."""
     folder = Path(folder).expanduser().resolve()
@@ -364,7 +366,9 @@ def update_release(root: Path, folder: Path, level: str | None = None) -> list[s
         raise ReleaseError(f"--update {folder} is inside the course repository {root}")
     old = json.loads(manifest_path.read_text())
     level = level or old.get("level", assign.DEFAULT_LEVEL)
-    files = release_files(root, level)
+    if record is None:
+        record = old.get("recorded_lessons") is not None
+    files = release_files(root, level, record)
     recorded: dict[str, str] = old.get("files", {})
 
     def edited(rel: str) -> bool:
