@@ -15,9 +15,8 @@ changed in place: ``x[k] = ...``, ``x.append(...)``); a cell that sets the name 
 clean values makes it clean. The other cells run live in the release, as they do here.
 
 A recording holds outputs only, never code: no cell may fail while recording (a traceback
-would show the reference's lines), and ``answer_text`` finds any line of the answer key in the
-outputs (``workbook release`` refuses such a recording; ``release --check`` reads recordings
-the same way).
+would show the reference's lines), and ``release_check`` reads the text a recording shows
+(``output_lines``) for lines of the answer key, as it reads every other file of a release.
 """
 from __future__ import annotations
 
@@ -201,7 +200,7 @@ def record_lessons(root: Path, lessons: list[dict], labs: dict[str, bytes],
     release's files ``lessons/recorded/LAB.json.gz``, and the manifest's entry for them. A recording
     whose lesson, reference and package are unchanged is taken from ``CACHE_DIR``."""
     course = Path(tempfile.mkdtemp(prefix="workbook-recording-"))
-    files, timings, t0 = {}, {}, time.perf_counter()
+    files, timings, t0, first = {}, {}, time.perf_counter(), {}
     try:
         (course / "labs").mkdir()
         for name, data in labs.items():
@@ -223,10 +222,12 @@ def record_lessons(root: Path, lessons: list[dict], labs: dict[str, bytes],
                 partial.replace(cache)                  # whole, even with two releases at once
                 timings[lab] = recording["seconds"]
             files[recording_file(lab)] = dump(recording)
+            first = first or recording
     finally:
         shutil.rmtree(course, ignore_errors=True)
     entry = {"what": "outputs of the reference, recorded for the lessons that show it "
                      "(workbook.lessons.yours_reference_or_recorded shows them)",
+             "made_from": first.get("made_from"), "machine": first.get("machine"),
              "seconds": round(time.perf_counter() - t0, 1), "per_lesson_seconds": timings,
              "bytes": {rel: len(data) for rel, data in files.items()}}
     return files, entry
@@ -235,7 +236,7 @@ def record_lessons(root: Path, lessons: list[dict], labs: dict[str, bytes],
 # --------------------------------------------------------------------------- reading one
 def output_lines(recording: dict) -> list[tuple[str, str]]:
     """``(where, line)`` of every line of text a recording shows (printed text, text parts of
-    figures): what ``answer_text`` and ``release --check`` read."""
+    figures): what ``release --check`` reads."""
     out = []
 
     def strings(value):
@@ -254,10 +255,3 @@ def output_lines(recording: dict) -> list[tuple[str, str]]:
             for text in strings(output.get("text", output.get("data", {}))):
                 out += [(where, line) for line in text.splitlines()]
     return out
-
-
-def answer_text(recording: dict, key: dict[str, str]) -> list[str]:
-    """The lines of ``recording``'s outputs that are lines of the answer key ``key``
-    (``release_check.answer_lines``), each with where it is and where it comes from."""
-    return [f"{where}: {line.strip()} ({key[line.strip()]})"
-            for where, line in output_lines(recording) if line.strip() in key]
