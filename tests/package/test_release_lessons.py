@@ -207,3 +207,22 @@ def test_a_recording_made_from_a_lesson_keeps_only_the_outputs_that_depend_on_it
     recording = lesson_recording.record_lesson(script, "tp", ROOT, timeout=60)
     assert [(c["cell"], c["outputs"]) for c in recording["cells"]] == [
         (1, [{"output_type": "stream", "name": "stdout", "text": "shown by solutions\n"}])]
+
+
+def test_a_lesson_that_fails_while_recording_stops_the_release_in_one_line(tmp_path):
+    """A cell that raises while the reference is recorded: one line naming the lesson, never
+    the traceback (it would show the reference's code), and nothing cached."""
+    course = tmp_path / "course"
+    (course / "lessons").mkdir(parents=True)
+    (course / "solutions").mkdir()
+    (course / "workbook").mkdir()
+    (course / "solutions" / "tp.py").write_text("SECRET_ANSWER = 42\n")
+    (course / "lessons" / "04_broken.py").write_text(
+        '# %%\nimpl = "solutions"\n\n# %%\nraise ValueError("the reference broke here")\n')
+    with pytest.raises(lesson_recording.RecordingError) as caught:
+        lesson_recording.record_lessons(course, [{"lesson": "lessons/04_broken.py", "lab": "tp"}],
+                                        {"tp.py": b""}, {"commit": None})
+    message = str(caught.value)
+    assert message.startswith("recording lessons/04_broken.py with the reference failed ("), message
+    assert "the reference broke here" in message and len(message.splitlines()) == 1
+    assert not (course / lesson_recording.CACHE_DIR).exists()

@@ -41,6 +41,10 @@ CELL_TIMEOUT_S = 240
 CACHE_DIR = "runs/recorded-lessons"          # the instructor's cache (git ignores runs/)
 
 
+class RecordingError(ValueError):
+    """A lesson that could not be recorded; the message names the lesson and the cell."""
+
+
 def recording_file(lab: str) -> str:
     """Where a release keeps the recording of ``lab``'s lesson (gzip'd JSON: a lesson's full
     trace timeline is megabytes of text, a tenth of that compressed)."""
@@ -213,13 +217,24 @@ def record_lessons(root: Path, lessons: list[dict], labs: dict[str, bytes],
                 recording = json.loads(cache.read_text())
                 timings[lab] = "cached"
             else:
-                recording = record_lesson(script, lab, course)
+                try:
+                    recording = record_lesson(script, lab, course)
+                except Exception as exc:        # noqa: BLE001 - one line, never the traceback
+                    what = str(exc).strip().splitlines()
+                    raise RecordingError(
+                        f"recording {item['lesson']} with the reference failed "
+                        f"({type(exc).__name__}: {what[-1] if what else ''}): run the lesson "
+                        f"in the course (stub labs) to see where, fix it, and make the release "
+                        f"again") from None
                 recording |= {"made_from": made_from, "machine": machine(),
                               "recorded_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 partial = cache.with_suffix(f".{os.getpid()}.part")
                 partial.write_text(json.dumps(recording))
                 partial.replace(cache)                  # whole, even with two releases at once
+                for old in cache.parent.glob(f"{lab}-*.json"):
+                    if old != cache:
+                        old.unlink(missing_ok=True)     # a recording of an older course
                 timings[lab] = recording["seconds"]
             files[recording_file(lab)] = dump(recording)
             first = first or recording
