@@ -131,7 +131,9 @@ def open_tasks(lab: str, folder=None) -> list[int]:
     from workbook.learner.task_list import lab_tasks
     folder = Path(folder) if folder else impl_dir("labs")
     text = (folder / f"{lab}.py").read_text()
-    stub = lambda name: re.search(rf"not implemented yet: {lab}\.{re.escape(name)}\b", text)  # noqa: E731
+
+    def stub(name: str) -> bool:
+        return bool(re.search(rf"not implemented yet: {lab}\.{re.escape(name)}\b", text))
     try:
         tasks = lab_tasks(folder, lab)
     except (OSError, ValueError):                  # no task list: the lab is one task

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 RECORDED_DIR = "lessons/recorded"
-STANDS_IN = re.compile(r"""(["'])solutions\1|\breference_lab\(""")   # a line that runs the reference
+STANDS_IN = re.compile(r"""(["'])solutions\1|\breference_lab\(""")  # code that runs the reference
 KEEP = ("application/vnd.plotly.v1+json", "image/png", "image/svg+xml", "text/markdown",
         "text/html", "text/plain")           # what a recorded output keeps (no widget views)
 MUTATORS = {"append", "extend", "update", "setdefault", "insert", "add", "pop", "clear"}
@@ -141,7 +141,8 @@ def _kept(output: dict) -> dict | None:
         data = {m: output["data"][m] for m in KEEP if m in output.get("data", {})}
         if "application/vnd.plotly.v1+json" in data:
             data.pop("text/html", None)                 # the figure itself is enough
-            data["application/vnd.plotly.v1+json"] = _rounded(data["application/vnd.plotly.v1+json"])
+            plotly = "application/vnd.plotly.v1+json"
+            data[plotly] = _rounded(data[plotly])
         if not data:
             return None
         return {"output_type": "display_data", "data": data}
