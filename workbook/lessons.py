@@ -1,6 +1,6 @@
 """Helpers for the lesson notebooks (``lessons/``): run on ranks, draw rank buffers, grade.
 
-Three small things every lesson needs, kept here so the notebooks stay prose and experiments:
+The small things every lesson needs, kept here so the notebooks stay prose and experiments:
 
 * ``on_ranks(fn, n, ...)``: run a function defined in the notebook on ``n`` warm ranks (a shared
   ``RankPool``: the first call for a given ``n`` starts the processes, later calls take
@@ -16,7 +16,11 @@ Three small things every lesson needs, kept here so the notebooks stay prose and
   what a widget panel shows. A lesson never writes ``with out: display(...)``: under a headless
   runner that capture can stall a cell for its whole timeout (docs/headless-lessons.md);
 * ``run_headless(nb, timeout)``: execute a lesson notebook in a fresh kernel with no front end,
-  as the notebook tests and ``tests/bench/lesson_stability.py`` do.
+  as the notebook tests and ``tests/bench/lesson_stability.py`` do;
+* ``yours_reference_or_recorded(lab)`` and ``reference_lab(lab)``: for a lesson that stands the
+  reference in for an unfinished lab. In a student release (no ``solutions/``) its cells that
+  depend on the reference show what it produced when the release was made
+  (``workbook.instructor.lesson_recording``), labelled, with the tasks to finish to see yours.
 """
 from __future__ import annotations
 
