@@ -228,3 +228,15 @@ def test_a_lesson_that_fails_while_recording_stops_the_release_in_one_line(tmp_p
     assert message.startswith("recording lessons/04_broken.py with the reference failed ("), message
     assert "the reference broke here" in message and len(message.splitlines()) == 1
     assert not (course / lesson_recording.CACHE_DIR).exists()
+
+
+def test_an_update_keeps_the_recordings_and_rewrites_none_unchanged(made, tmp_path):
+    """``--update`` of a recorded release records again (from the cache): the same bytes, so no
+    recording is rewritten; one the learner deleted comes back."""
+    folder = tmp_path / "class"
+    shutil.copytree(made, folder)
+    assert release.update_release(ROOT, folder) == []
+    sp = lesson_recording.recording_file("sp")
+    (folder / sp).unlink()
+    assert release.update_release(ROOT, folder) == [f"wrote {sp}"]
+    assert json.loads((folder / RELEASE_MANIFEST).read_text())["recorded_lessons"]["bytes"]
