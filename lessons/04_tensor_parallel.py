@@ -28,11 +28,14 @@ from IPython.display import display
 
 from workbook import link, trace
 from workbook.trace import colors
-from workbook.lessons import check_your_work, on_ranks, show_in
+from workbook.lessons import check_your_work, on_ranks, show_in, yours_reference_or_recorded
 from workbook.trace.analyse import phase_ranges
 
 RANKS = 2
 PRESET = "dgx-h100"
+
+SHOWN = yours_reference_or_recorded("tp")   # "yours", "reference", or "recorded" (a release)
+
 
 # %% [markdown]
 # ## Splitting a linear layer

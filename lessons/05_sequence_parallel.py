@@ -31,12 +31,16 @@ from plotly.subplots import make_subplots
 
 from workbook import trace
 from workbook.trace import colors
-from workbook.lessons import buffers_figure, check_your_work, on_ranks, show_in
+from workbook.lessons import (buffers_figure, check_your_work, on_ranks, show_in,
+                             yours_reference_or_recorded)
 from workbook.link import bus_factor
 
 RANKS = 2
 PRESET = "dgx-h100"
 SHARDED = "rgba(0, 114, 178, 0.45)"          # the compute blue, lighter: sequence-sharded work
+
+SHOWN = yours_reference_or_recorded("sp")   # "yours", "reference", or "recorded" (a release)
+
 
 # %% [markdown]
 # ## Two ways to shard one block

@@ -29,7 +29,8 @@ from workbook import link, trace
 from workbook.trace import colors
 from workbook.tensor_parallel import domino_measure, domino_plan
 from workbook.grading.labs import load_lab
-from workbook.lessons import check_your_work, on_ranks, show_in
+from workbook.lessons import (check_your_work, on_ranks, reference_lab, show_in,
+                             yours_reference_or_recorded)
 from workbook.tensor_parallel.layer_stack import stages
 
 RANKS, PRESET, P, BATCH = 2, "dgx-h100", 4, 16
@@ -37,6 +38,9 @@ MODEL = dict(hidden=1024, heads=16, ffn_hidden=4096, n_layers=1, seq_len=128, vo
 torch.set_num_threads(1)                      # a rank computes on one core: calibrate like one
 LOCAL = link.measure_local_flops()
 print(f"this CPU: {LOCAL / 1e9:.0f} GFLOP/s (one thread); model {MODEL}, batch {BATCH}")
+
+SHOWN = yours_reference_or_recorded("domino")   # "yours", "reference", or "recorded" (a release)
+
 
 # %% [markdown]
 # ## The schedule: your `schedule` from `labs/domino.py`
@@ -57,7 +61,7 @@ print(f"this CPU: {LOCAL / 1e9:.0f} GFLOP/s (one thread); model {MODEL}, batch {
 # > backward replays the forward's creation order in reverse?
 
 # %%
-mine, reference = load_lab("domino", "labs"), load_lab("domino", "solutions")
+mine, reference = load_lab("domino", "labs"), reference_lab("domino")
 try:
     mine.schedule(stages(1), 2)
     schedule, whose = mine.schedule, "your schedule"

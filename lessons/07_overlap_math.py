@@ -29,12 +29,16 @@ from plotly.subplots import make_subplots
 from workbook import link, trace
 from workbook.trace import colors
 from workbook.grading.labs import load_lab
-from workbook.lessons import check_your_work, on_ranks, show_in
+from workbook.lessons import (check_your_work, on_ranks, reference_lab, show_in,
+                             yours_reference_or_recorded)
 
 RANKS = 2
 PRESET = "dgx-h100"
 
-ref = load_lab("overlap_math", "solutions")
+SHOWN = yours_reference_or_recorded("overlap_math")   # "yours", "reference", or "recorded" (a release)
+
+# %%
+ref = reference_lab("overlap_math")
 FELL_BACK: set = set()
 try:
     mine = load_lab("overlap_math", "labs")

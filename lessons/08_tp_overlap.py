@@ -41,11 +41,14 @@ from plotly.subplots import make_subplots
 from workbook import link, trace
 from workbook.tensor_parallel import tp_overlap_bench
 from workbook.trace import colors
-from workbook.lessons import check_your_work, on_ranks, show_in
+from workbook.lessons import check_your_work, on_ranks, show_in, yours_reference_or_recorded
 from workbook.measure.output import where_measured
 
 PRESET = "dgx-h100"
 runs = Path(tempfile.mkdtemp(prefix="lesson8-"))
+
+SHOWN = yours_reference_or_recorded("tp_overlap")   # "yours", "reference", or "recorded" (a release)
+
 
 # %% [markdown]
 # ## The ring all-gather + GEMM

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from workbook import link
 from workbook.data_parallel import dp_overlap_lesson as lesson
-from workbook.lessons import check_your_work, on_ranks
+from workbook.lessons import check_your_work, on_ranks, yours_reference_or_recorded
 from workbook.measure import lesson_figures as lf
 from workbook.measure.output import where_measured
 from workbook.model import ModelConfig, ReferenceModel, grads_by_name, make_batch
@@ -41,6 +41,9 @@ BATCH = 16                       # rows of the global batch: 8 per rank on 2 ran
 UNITS = lesson.unit_names(MODEL["n_layers"])  # embed, block 0, block 1, final norm, head
 VARIANTS = ["naive", "bucketed", "zero1", "zero2", "zero3"]
 runs = Path(tempfile.mkdtemp(prefix="lesson9-"))
+
+SHOWN = yours_reference_or_recorded("dp_overlap")   # "yours", "reference", or "recorded" (a release)
+
 
 # %% [markdown]
 # ## Why averaging the gradients is exact

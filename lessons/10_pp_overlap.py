@@ -22,7 +22,7 @@ from IPython.display import display
 
 from workbook import link, trace
 from workbook.grading.labs import load_lab
-from workbook.lessons import check_your_work, on_ranks
+from workbook.lessons import check_your_work, on_ranks, reference_lab, yours_reference_or_recorded
 from workbook.measure import lesson_figures as lf
 from workbook.measure.output import where_measured
 from workbook.model import ModelConfig
@@ -35,6 +35,9 @@ P, M = 4, 8                      # the pipeline drawn on paper: 4 stages, 8 micr
 STAGES, MICRO, ROWS = 2, 8, 1    # the one run on your ranks: 2 stages, 8 micro-batches of 1 row
 MODEL = dict(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, seq_len=256, vocab_size=256)
 runs = Path(tempfile.mkdtemp(prefix="lesson10-"))
+
+SHOWN = yours_reference_or_recorded("pp_overlap")   # "yours", "reference", or "recorded" (a release)
+
 
 # %% [markdown]
 # ## 1. Cutting the model by depth
@@ -125,7 +128,7 @@ for preset in ("dgx-h100", "dgx-h100-ib", "pcie-h100"):
 # textbook order; until then the reference's are.
 
 # %%
-mine, reference = load_lab("pp_overlap", "labs"), load_lab("pp_overlap", "solutions")
+mine, reference = load_lab("pp_overlap", "labs"), reference_lab("pp_overlap")
 SCHEDULES, WHOSE = {}, {}
 for kind in ("gpipe", "1f1b"):
     SCHEDULES[kind], WHOSE[kind] = lf.yours_or_reference(
@@ -234,9 +237,9 @@ def send_then_receive_1f1b(m):
     """1F1B on 2 stages, each transfer a blocking send followed by a blocking receive."""
     import torch.distributed as dist
 
-    from workbook.grading.labs import load_lab
+    from workbook.lessons import reference_lab
     from workbook.model import ModelConfig, make_batch
-    ref = load_lab("pp_overlap", "solutions")
+    ref = reference_lab("pp_overlap")
 
     class SendThenReceive(ref.BlockingExecutor):
         def exchange(self, tensor, peer):

@@ -28,14 +28,18 @@ from workbook import link, trace
 from workbook.context_parallel import contiguous_layout
 from workbook.context_parallel import cp_ring_lesson as lesson
 from workbook.grading.labs import load_lab
-from workbook.lessons import check_your_work, on_ranks
+from workbook.lessons import check_your_work, on_ranks, reference_lab, yours_reference_or_recorded
 from workbook.measure import lesson_figures as lf
 from workbook.measure.output import where_measured
 
 PRESET, RANKS = "dgx-h100", 2
 RUN_SHAPE = dict(B=1, h=4, d=64)            # batch, heads, head width of the runs on ranks (fp32)
 runs = Path(tempfile.mkdtemp(prefix="lesson11-"))
-mine, reference = load_lab("cp_ring", "labs"), load_lab("cp_ring", "solutions")
+
+SHOWN = yours_reference_or_recorded("cp_ring")   # "yours", "reference", or "recorded" (a release)
+
+# %%
+mine, reference = load_lab("cp_ring", "labs"), reference_lab("cp_ring")
 
 
 def pick(name, problem_of):

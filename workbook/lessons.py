@@ -1,6 +1,6 @@
 """Helpers for the lesson notebooks (``lessons/``): run on ranks, draw rank buffers, grade.
 
-Three small things every lesson needs, kept here so the notebooks stay prose and experiments:
+The small things every lesson needs, kept here so the notebooks stay prose and experiments:
 
 * ``on_ranks(fn, n, ...)``: run a function defined in the notebook on ``n`` warm ranks (a shared
   ``RankPool``: the first call for a given ``n`` starts the processes, later calls take
@@ -16,7 +16,11 @@ Three small things every lesson needs, kept here so the notebooks stay prose and
   what a widget panel shows. A lesson never writes ``with out: display(...)``: under a headless
   runner that capture can stall a cell for its whole timeout (docs/headless-lessons.md);
 * ``run_headless(nb, timeout)``: execute a lesson notebook in a fresh kernel with no front end,
-  as the notebook tests and ``tests/bench/lesson_stability.py`` do.
+  as the notebook tests and ``tests/bench/lesson_stability.py`` do;
+* ``yours_reference_or_recorded(lab)`` and ``reference_lab(lab)``: for a lesson that stands the
+  reference in for an unfinished lab. In a student release (no ``solutions/``) its cells that
+  depend on the reference show what it produced when the release was made
+  (``workbook.instructor.lesson_recording``), labelled, with the tasks to finish to see yours.
 """
 from __future__ import annotations
 
@@ -115,3 +119,133 @@ def run_headless(nb, timeout: float, path=None, **hooks):
     client.widget_registry = {}       # no stand-in for Output widgets (see above): nbclient#312
     client.execute()
     return client
+
+
+# --------------------------------------------------------------------------- in a student release
+_SHOWN: dict = {}          # the recording replayed now: {"cells": {key: cell}, "label": str}
+
+
+def open_tasks(lab: str, folder=None) -> list[int]:
+    """The numbers of the tasks of ``labs/LAB.py`` (or ``folder/LAB.py``) still a stub: a task
+    is open while one of its names still raises ``not implemented yet: LAB.NAME``."""
+    import re
+    from pathlib import Path
+
+    from workbook.grading.labs import impl_dir
+    from workbook.learner.task_list import lab_tasks
+    folder = Path(folder) if folder else impl_dir("labs")
+    text = (folder / f"{lab}.py").read_text()
+
+    def stub(name: str) -> bool:
+        return bool(re.search(rf"not implemented yet: {lab}\.{re.escape(name)}\b", text))
+    try:
+        tasks = lab_tasks(folder, lab)
+    except (OSError, ValueError):                  # no task list: the lab is one task
+        return [1] if stub("") or "not implemented yet" in text else []
+    return [k for k, task in enumerate(tasks, 1) if any(stub(n) for n in task["names"])]
+
+
+def _tasks_words(numbers: list[int]) -> str:
+    """``[1, 2, 3, 5]`` as ``tasks 1-3, 5``."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    words = [f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs]
+    return ("task " if len(numbers) == 1 else "tasks ") + ", ".join(words)
+
+
+def recorded_label(lab: str, recording: dict, numbers: list[int]) -> str:
+    """What a recorded output says it is: the reference's, recorded when, on what, and what to
+    finish to see the learner's own."""
+    made = recording.get("made_from") or {}
+    where = recording.get("machine") or {}
+    commit = (made.get("commit") or "uncommitted")[:10]
+    return (f"recorded from the reference solutions/{lab}.py when this release was made "
+            f"(commit {commit}, {where.get('cpu', '?')} with {where.get('cores', '?')} cores, "
+            f"torch {where.get('torch', '?')}): finish {_tasks_words(numbers)} of "
+            f"labs/{lab}.py to see yours")
+
+
+def yours_reference_or_recorded(lab: str) -> str:
+    """Which implementation the cells below show, for a lesson that stands the reference in
+    for an unfinished lab: ``"yours"`` (every task of ``labs/LAB.py`` is written), else
+    ``"reference"`` (the instructor's course: the lesson runs ``solutions/LAB.py`` live where
+    your lab does not run yet), else ``"recorded"``: a student release, which has no
+    solutions. Then every later cell that depends on the reference shows what it printed and
+    drew when the release was made (``lessons/recorded/LAB.json.gz``, written by
+    ``workbook release``), labelled ``recorded_label``, and the other cells run as usual."""
+    from workbook.grading.labs import repo_root
+    from workbook.instructor import lesson_recording
+    root = repo_root()
+    numbers = open_tasks(lab)
+    _SHOWN.clear()
+    if not numbers:
+        return "yours"
+    if (root / "solutions").is_dir():
+        return "reference"
+    path = root / lesson_recording.recording_file(lab)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: this course has no solutions/ and no "
+                                f"recording of the reference; finish {_tasks_words(numbers)} of "
+                                f"labs/{lab}.py, or ask for a release made by `workbook release`")
+    recording = lesson_recording.load(path)
+    _SHOWN.update(cells={c["key"]: c for c in recording["cells"]},
+                  label=recorded_label(lab, recording, numbers))
+    _replay_from_now_on()
+    print(f"labs/{lab}.py: {_tasks_words(numbers)} not finished yet, and this copy of the course "
+          f"holds no reference solutions. The cells below that show the reference show what it "
+          f"produced when the release was made, each labelled 'recorded from the reference'; "
+          f"finish the lab, then run the lesson again to see your own.")
+    return "recorded"
+
+
+def reference_lab(lab: str):
+    """The reference module of ``lab`` (``solutions/LAB.py``) in the instructor's course; in a
+    student release, your ``labs/LAB.py`` once every task is written (it stands in for the
+    reference there). A release with tasks open never runs this: the cells that would are
+    shown as recorded (``yours_reference_or_recorded``)."""
+    from workbook.grading.labs import load_lab, repo_root
+    if (repo_root() / "solutions").is_dir():
+        return load_lab(lab, "solutions")
+    numbers = open_tasks(lab)
+    if numbers:
+        raise RuntimeError(f"this course has no solutions/: finish {_tasks_words(numbers)} of "
+                           f"labs/{lab}.py (or run the lesson's first cell, which shows the "
+                           f"reference's recorded outputs)")
+    return load_lab(lab, "labs")
+
+
+def _replay(lines: list[str]) -> list[str]:
+    """An IPython input transformer: a cell whose code was recorded becomes ``show_recorded``."""
+    from workbook.instructor.lesson_recording import cell_key
+    cell = _SHOWN.get("cells", {}).get(cell_key("".join(lines)))
+    if cell is None:
+        return lines
+    return [f"__import__('workbook.lessons').lessons.show_recorded({cell['key']!r})\n"]
+
+
+def _replay_from_now_on() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and _replay not in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.insert(0, _replay)
+
+
+def show_recorded(key: str) -> None:
+    """The recorded outputs of the cell ``key``, under their label."""
+    from IPython.display import display
+    cell = _SHOWN["cells"][key]
+    print(f">>> {_SHOWN['label']}", flush=True)
+    for output in cell["outputs"]:
+        if output["output_type"] == "stream":
+            stream = sys.stderr if output["name"] == "stderr" else sys.stdout
+            stream.write(output["text"])
+            stream.flush()
+        else:
+            display(output["data"], raw=True)

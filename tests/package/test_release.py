@@ -41,7 +41,7 @@ def releases(tmp_path_factory):
     base = tmp_path_factory.mktemp("releases")
     made = {level: base / level for level in LEVELS}
     for level, folder in made.items():
-        release.make_release(ROOT, folder, level)
+        release.make_release(ROOT, folder, level, record=False)   # test_release_lessons records
     return made, before, _labs_bytes()
 
 
@@ -243,7 +243,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
 # --------------------------------------------------------------------------- --update
 def test_update_never_overwrites_a_file_the_learner_edited(tmp_path, capsys):
     folder = tmp_path / "class"
-    release.make_release(ROOT, folder, "standard")
+    release.make_release(ROOT, folder, "standard", record=False)
     mine = (folder / "labs" / "collectives.py").read_text() + "\n# my work\n"
     (folder / "labs" / "collectives.py").write_text(mine)
     manifest = json.loads((folder / RELEASE_MANIFEST).read_text())

@@ -16,8 +16,13 @@ The repository is the course *and* its answer key. A release holds what a learne
   ``environment.yml``, ``.ci/run``, ``.gitignore`` and ``LICENSE``;
 * ``release.json`` (``RELEASE_MANIFEST``): the level, the commit it was made from (and whether
   the course had changes not committed), what was left out, the lessons that stand the
-  reference in for an unfinished lab (they need recorded reference outputs to run fully in a
-  release) and a hash of every file it wrote.
+  reference in for an unfinished lab, the recording of what the reference showed in them
+  (below) and a hash of every file it wrote;
+* ``lessons/recorded/LAB.json.gz``: for each lesson that stands the reference in for an unfinished
+  lab, what the cells that depend on the reference printed and drew, recorded from the
+  reference on the instructor's machine when the release is made
+  (``workbook.instructor.lesson_recording``); the lesson shows them, labelled as the
+  reference's, until the learner's lab is finished (``workbook.lessons``).
 
 Left out: ``solutions/``, ``tests/grading/wrong/``, ``tests/package``, ``tests/bench``,
 ``tests/gpu`` (they read the solutions), hidden tests, the instructor's pages
@@ -37,14 +42,14 @@ from pathlib import Path, PurePosixPath
 
 from workbook.grading.labs import LABS, RELEASE_MANIFEST
 from workbook.grading.points import hidden_tests
-from workbook.instructor import assign
+from workbook.instructor import assign, lesson_recording
 
 INSTRUCTOR_DOCS = ("instructors.md", "test-suite.md", "site.md")   # the docs/ a class is not given
 PLAIN_FILES = ("LICENSE", "environment.yml", ".gitignore", ".ci/run")
 SKIP = re.compile(r"(^|/)(__pycache__|\.ipynb_checkpoints|\.pytest_cache)(/|$)|\.pyc$")
 LEFT_OUT = ["solutions/", "tests/grading/wrong/", "tests/package/", "tests/bench/", "tests/gpu/",
             "mkdocs.yml", ".git/", *(f"docs/{page}" for page in INSTRUCTOR_DOCS)]
-STANDS_IN = re.compile(r"""(["'])solutions\1""")      # a lesson's code that runs the reference
+STANDS_IN = lesson_recording.STANDS_IN                # a lesson's code that runs the reference
 SETUP_HEADING = "## Set-up"
 RELEASE_SETUP = """## Set-up: two commands
 
@@ -64,7 +69,8 @@ in `labs/` with the tests of `tests/grading/`: each test you have not done yet s
 implemented yet", and it exits 0 once every lab has full marks.
 
 This copy holds no reference answers. Where a lesson shows a lab's figures ({lessons}), it
-runs your lab: finish the lab's tasks, then run those cells.
+runs your lab once its tasks are written; until then it shows what the reference produced,
+recorded when this release was made and labelled as such, and names the tasks to finish.
 
 After set-up, `.venv/bin/workbook` (or `source .venv/bin/activate`, then `workbook`) is the one
 command for everything else; `workbook --help` lists its commands, and
@@ -220,9 +226,10 @@ def _commit(root: Path) -> dict:
             "uncommitted_changes": None if status is None else bool(status.strip())}
 
 
-def release_files(root: Path, level: str) -> dict[str, bytes]:
+def release_files(root: Path, level: str, record: bool = True) -> dict[str, bytes]:
     """``{path: bytes}`` of everything a release at ``level`` holds, made from the course at
-    ``root`` (``RELEASE_MANIFEST`` last, with a hash of every other file)."""
+    ``root`` (``RELEASE_MANIFEST`` last, with a hash of every other file). ``record``: run the
+    lessons that stand the reference in and keep what it showed (``recorded_lessons``)."""
     if level not in assign.LEVELS:
         raise ReleaseError(f"unknown level {level!r}: choose one of {', '.join(assign.LEVELS)}")
     for need in ("workbook", "solutions", "lessons", "tests/grading", "README.md", "pyproject.toml"):
@@ -248,6 +255,7 @@ def release_files(root: Path, level: str) -> dict[str, bytes]:
             if PurePosixPath(rel).name not in INSTRUCTOR_DOCS}
     files |= docs
     standing_in = lessons_standing_in(root)
+    recorded = recorded_lessons(root, standing_in, files) if record else None
     files["README.md"] = release_readme((root / "README.md").read_text(), level,
                                         [s["lesson"] for s in standing_in]).encode()
     present = set(files)
@@ -260,10 +268,24 @@ def release_files(root: Path, level: str) -> dict[str, bytes]:
         "labs": LABS,
         "left_out": LEFT_OUT + [f"{hidden_count} hidden test(s) of tests/grading"],
         "lessons_needing_reference_outputs": standing_in,
+        "recorded_lessons": recorded,
         "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())},
     }
     files[RELEASE_MANIFEST] = (json.dumps(manifest, indent=1) + "\n").encode()
     return files
+
+
+def recorded_lessons(root: Path, standing_in: list[dict],
+                     files: dict[str, bytes]) -> dict:
+    """Record the reference's outputs for the lessons ``standing_in`` with the release's own
+    stub labs, add them to ``files`` (``lessons/recorded/LAB.json.gz``) and return the manifest's
+    entry: the commit, the machine, the seconds it took and each file's size. (A recording
+    holds outputs, never code; ``release_check`` reads the text they show for answer lines.)"""
+    labs = {rel[len("labs/"):]: data for rel, data in files.items() if rel.startswith("labs/")}
+    todo = [s for s in standing_in if s["lab"]]
+    recorded, entry = lesson_recording.record_lessons(root, todo, labs, _commit(root))
+    files |= recorded
+    return entry
 
 
 # --------------------------------------------------------------------------- writing it
@@ -298,12 +320,14 @@ def _write_all(files: dict[str, bytes], folder: Path) -> None:
             target.chmod(0o755)
 
 
-def make_release(root: Path, out: Path, level: str = assign.DEFAULT_LEVEL) -> dict[str, bytes]:
-    """Write a release of the course at ``root`` into ``out`` at ``level``; return its files.
+def make_release(root: Path, out: Path, level: str = assign.DEFAULT_LEVEL,
+                 record: bool = True) -> dict[str, bytes]:
+    """Write a release of the course at ``root`` into ``out`` at ``level``; return its files
+    (``record``: with the lessons' recorded reference outputs, ``release_files``).
     Everything is checked and made first, then written to a folder beside ``out`` and renamed, so
     an error leaves nothing behind."""
     out = check_output(out, root)
-    files = release_files(root, level)
+    files = release_files(root, level, record)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
@@ -317,9 +341,11 @@ def make_release(root: Path, out: Path, level: str = assign.DEFAULT_LEVEL) -> di
     return files
 
 
-def update_release(root: Path, folder: Path, level: str | None = None) -> list[str]:
+def update_release(root: Path, folder: Path, level: str | None = None,
+                   record: bool | None = None) -> list[str]:
     """Bring the release in ``folder`` up to date with the course at ``root``; return what was
-    done, a line per file. A file the learner edited since the release (its hash differs from
+    done, a line per file. ``record`` (default: as the release was made) records the lessons'
+    reference outputs again (``recorded_lessons``; unchanged ones come from the cache). A file the learner edited since the release (its hash differs from
     the manifest's) is never overwritten: the course's new version goes beside it as
     ``NAME.new``. Files the new release no longer holds are removed when unedited."""
     folder = Path(folder).expanduser().resolve()
@@ -331,7 +357,9 @@ def update_release(root: Path, folder: Path, level: str | None = None) -> list[s
         raise ReleaseError(f"--update {folder} is inside the course repository {root}")
     old = json.loads(manifest_path.read_text())
     level = level or old.get("level", assign.DEFAULT_LEVEL)
-    files = release_files(root, level)
+    if record is None:
+        record = old.get("recorded_lessons") is not None
+    files = release_files(root, level, record)
     recorded: dict[str, str] = old.get("files", {})
 
     def edited(rel: str) -> bool:

@@ -13,9 +13,11 @@ The answer key, read from the course repository (never from the release):
 * the names of hidden grading tests (``workbook.grading.points.hidden_tests``);
 * a ``solutions/`` or ``wrong/`` folder, or a ``.git`` folder (the answers' history).
 
-Every text file of the release is read line by line (a notebook cell by cell) and a line equal to
-a key line, once both are stripped of their indentation, is a finding that names the file, the
-line and where the answer came from. Exit status: 0 clean, 1 findings.
+Every text file of the release is read line by line (a notebook cell by cell; a lesson's
+recording of the reference, ``lessons/recorded/LAB.json.gz``, by the lines of text its outputs show,
+``lesson_recording.output_lines``) and a line equal to a key line, once both are stripped of their
+indentation, is a finding that names the file, the line and where the answer came from. Exit
+status: 0 clean, 1 findings.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from pathlib import Path
 from workbook.grading.labs import RELEASE_MANIFEST
 from workbook.grading.markup import parse
 from workbook.grading.points import hidden_tests
-from workbook.instructor import assign
+from workbook.instructor import assign, lesson_recording
 
 MIN_CHARS = 16                       # a stripped line shorter than this is not distinctive
 FORBIDDEN_FOLDERS = {"solutions": "the reference solutions", "wrong": "the wrong-lab fixtures",
@@ -113,9 +115,20 @@ def hidden_names(root: Path) -> dict[str, str]:
     return names
 
 
+def _is_recording(path: Path) -> bool:
+    return path.name.endswith(".json.gz") and \
+        path.parent.as_posix().endswith(lesson_recording.RECORDED_DIR)
+
+
 def _text_lines(path: Path) -> list[tuple[int, str, str]]:
     """``(line, where, text)`` of a text file: a notebook's code and markdown cell by cell
     (``where`` names the cell), any other file as it is; nothing for a binary file."""
+    if _is_recording(path):                    # outputs, not code: read what they show
+        try:
+            shown = lesson_recording.output_lines(lesson_recording.load(path))
+        except (OSError, ValueError, AttributeError) as exc:
+            return [(0, " (not a recording)", f"unreadable: {exc}")]
+        return [(k, where, line) for k, (where, line) in enumerate(shown, 1)]
     data = path.read_bytes()
     if b"\0" in data:
         return []
@@ -149,7 +162,8 @@ def scan(release: Path, key: dict[str, str], hidden: dict[str, str]) -> list[Fin
                                                    f"{FORBIDDEN_FOLDERS[path.name]}"))
             continue
         if any(part in FORBIDDEN_FOLDERS for part in path.relative_to(release).parts[:-1]) or \
-                path.suffix not in TEXT_SUFFIXES or rel == RELEASE_MANIFEST:
+                (path.suffix not in TEXT_SUFFIXES and not _is_recording(path)) or \
+                rel == RELEASE_MANIFEST:
             continue
         for k, cell, line in _text_lines(path):
             where = key.get(line.strip())
