@@ -208,9 +208,12 @@ def cmd_release(args) -> int:
               f"{level}, {tests} grading test files ({manifest['left_out'][-1]} left out)")
         print(f"left out: {', '.join(manifest['left_out'][:-1])}")
         stand_in = [Path(s["lesson"]).stem for s in manifest["lessons_needing_reference_outputs"]]
+        recorded = manifest.get("recorded_lessons") or {}
         if stand_in:
-            print(f"lessons that run the reference where a lab is unfinished (they need recorded "
-                  f"reference outputs, listed in {RELEASE_MANIFEST}): {', '.join(stand_in)}")
+            print(f"lessons that run the reference where a lab is unfinished: {', '.join(stand_in)}"
+                  f"; their reference outputs were recorded into lessons/recorded/ "
+                  f"({recorded.get('seconds', 0):.0f} s) and are shown, labelled, until the "
+                  f"learner's lab runs")
     findings, looked_for = release_check.check_release(root, folder)
     for finding in findings:
         print(f"{folder}/{finding}")

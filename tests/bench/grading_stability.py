@@ -64,12 +64,14 @@ def wrong_cases(lab: str) -> dict[str, set[str]]:
     cases = dict(OVERLAP_MATH_CASES if lab == "overlap_math" else {})
     for name in ("test_wrong_impls_caught", "test_domino_wrong_caught",
                  "test_tp_overlap_wrong_caught", "test_dp_overlap_wrong_caught",
-                 "test_pp_overlap_wrong_caught", "test_cp_ring_wrong_caught"):
+                 "test_pp_overlap_wrong_caught", "test_cp_ring_wrong_caught",
+                 "test_pp_schedules_wrong_caught"):
         spec = importlib.util.spec_from_file_location(name, ROOT / "tests/package" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         for folder, case in module.CASES.items():
-            in_process = ("dp_overlap", "pp_overlap", "cp_ring")      # (checks run, {check: words}), no test_
+            in_process = ("dp_overlap", "pp_overlap", "cp_ring", "pp_schedules")  # (checks run,
+            # {check: words}), no test_
             if folder.startswith(in_process):
                 if folder.startswith(lab):
                     cases[folder] = {f"test_{name}" for name in case[1]}

@@ -63,7 +63,7 @@ def graded(tmp_path_factory):
     from the course repository (with a hidden test): ``(release folder, zip, results.json)``."""
     tmp = tmp_path_factory.mktemp("release_autograder")
     folder = tmp / "class-release"
-    release.make_release(ROOT, folder, "standard")
+    release.make_release(ROOT, folder, "standard", record=False)    # lessons: test_release_lessons
     shutil.copy2(ROOT / "solutions" / "collectives.py", folder / "labs" / "collectives.py")
     (tmp / "extra").mkdir()
     (tmp / "extra" / "test_collectives_hidden.py").write_text(HIDDEN_TEST)

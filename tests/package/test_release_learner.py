@@ -63,7 +63,7 @@ def course(tmp_path_factory):
     """The release, and the two long runs on its stubs, started together and awaited:
     ``(folder, self-check of every lab, grading by pytest, results.json)``."""
     folder = tmp_path_factory.mktemp("learner") / "release"
-    release.make_release(ROOT, folder, LEVEL)
+    release.make_release(ROOT, folder, LEVEL, record=False)          # lessons: test_release_lessons
     results = folder.parent / "results.json"
     env = learner_env(folder)
     run = subprocess.Popen([sys.executable, "-m", "workbook.cli", "run", *LABS], cwd=folder,
@@ -155,7 +155,7 @@ def test_a_lab_header_edited_to_another_level_gets_no_other_levels_hints(tmp_pat
     header to say ``standard`` gets no standard task from ``workbook hint``."""
     from workbook import cli
     folder = tmp_path / "challenge"
-    release.make_release(ROOT, folder, "challenge")
+    release.make_release(ROOT, folder, "challenge", record=False)
     table = json.loads((folder / "labs" / "hints.json").read_text())
     lab = "collectives"
     coarse = table[lab]["challenge"]

@@ -226,10 +226,11 @@ def _commit(root: Path) -> dict:
             "uncommitted_changes": None if status is None else bool(status.strip())}
 
 
-def release_files(root: Path, level: str, record: bool = True) -> dict[str, bytes]:
+def release_files(root: Path, level: str, record: bool | tuple = True) -> dict[str, bytes]:
     """``{path: bytes}`` of everything a release at ``level`` holds, made from the course at
     ``root`` (``RELEASE_MANIFEST`` last, with a hash of every other file). ``record``: run the
-    lessons that stand the reference in and keep what it showed (``recorded_lessons``)."""
+    lessons that stand the reference in and keep what it showed (``recorded_lessons``); False
+    records none, a collection of lab names only their lessons (the package's tests)."""
     if level not in assign.LEVELS:
         raise ReleaseError(f"unknown level {level!r}: choose one of {', '.join(assign.LEVELS)}")
     for need in ("workbook", "solutions", "lessons", "tests/grading", "README.md", "pyproject.toml"):
@@ -255,7 +256,12 @@ def release_files(root: Path, level: str, record: bool = True) -> dict[str, byte
             if PurePosixPath(rel).name not in INSTRUCTOR_DOCS}
     files |= docs
     standing_in = lessons_standing_in(root)
-    recorded = recorded_lessons(root, standing_in, files) if record else None
+    if record is not True:                   # False: none; a collection of labs: only theirs
+        standing_in_recorded = [s for s in standing_in if record and s["lab"] in record]
+    else:
+        standing_in_recorded = standing_in
+    recorded = recorded_lessons(root, standing_in_recorded, files) if standing_in_recorded \
+        else None
     files["README.md"] = release_readme((root / "README.md").read_text(), level,
                                         [s["lesson"] for s in standing_in]).encode()
     present = set(files)
@@ -321,7 +327,7 @@ def _write_all(files: dict[str, bytes], folder: Path) -> None:
 
 
 def make_release(root: Path, out: Path, level: str = assign.DEFAULT_LEVEL,
-                 record: bool = True) -> dict[str, bytes]:
+                 record: bool | tuple = True) -> dict[str, bytes]:
     """Write a release of the course at ``root`` into ``out`` at ``level``; return its files
     (``record``: with the lessons' recorded reference outputs, ``release_files``).
     Everything is checked and made first, then written to a folder beside ``out`` and renamed, so
@@ -341,6 +347,18 @@ def make_release(root: Path, out: Path, level: str = assign.DEFAULT_LEVEL,
     return files
 
 
+def _recorded_as_made(manifest: dict) -> bool | tuple:
+    """What ``--update`` records again: nothing if the release recorded nothing; every lesson
+    that stands the reference in now if it recorded every one that did then; else the same labs
+    (a partial release, as the package's tests make)."""
+    entry = manifest.get("recorded_lessons")
+    if not entry:
+        return False
+    labs = tuple(entry.get("per_lesson_seconds", {}))
+    then = {s["lab"] for s in manifest.get("lessons_needing_reference_outputs", []) if s["lab"]}
+    return True if then <= set(labs) else labs
+
+
 def update_release(root: Path, folder: Path, level: str | None = None,
                    record: bool | None = None) -> list[str]:
     """Bring the release in ``folder`` up to date with the course at ``root``; return what was
@@ -358,7 +376,7 @@ def update_release(root: Path, folder: Path, level: str | None = None,
     old = json.loads(manifest_path.read_text())
     level = level or old.get("level", assign.DEFAULT_LEVEL)
     if record is None:
-        record = old.get("recorded_lessons") is not None
+        record = _recorded_as_made(old)
     files = release_files(root, level, record)
     recorded: dict[str, str] = old.get("files", {})
 
