@@ -59,32 +59,46 @@ def public_points(folder: Path, lab: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def course(tmp_path_factory):
-    """The release, and the two long runs on its stubs, started together and awaited:
-    ``(folder, self-check of every lab, grading by pytest, results.json)``."""
+def folder(tmp_path_factory):
+    """The release a learner is handed (no recorded lessons: test_release_lessons has those)."""
     folder = tmp_path_factory.mktemp("learner") / "release"
-    release.make_release(ROOT, folder, LEVEL, record=False)          # lessons: test_release_lessons
-    results = folder.parent / "results.json"
-    env = learner_env(folder)
-    run = subprocess.Popen([sys.executable, "-m", "workbook.cli", "run", *LABS], cwd=folder,
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    grade = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                              "--gradescope", str(results)], cwd=folder, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    release.make_release(ROOT, folder, LEVEL, record=False)
+    return folder
+
+
+def _finished(cmd: list, folder: Path, timeout: float = 400) -> tuple[int, str]:
+    """``cmd`` run in the release as its learner would, to the end: (exit status, output)."""
+    proc = subprocess.Popen(cmd, cwd=folder, env=learner_env(folder), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     try:
-        run_out, _ = run.communicate(timeout=400)
-        grade_out, _ = grade.communicate(timeout=400)
+        out, _ = proc.communicate(timeout=timeout)
     finally:
-        for proc in (run, grade):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return folder, (run.returncode, run_out), (grade.returncode, grade_out), results
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out
+
+
+@pytest.fixture(scope="module")
+def self_checked(folder):
+    """``workbook run`` of every lab on the release's stubs: (exit status, output). (Its own
+    test: each long run is one test's set-up, so no single test carries both.)"""
+    return _finished([sys.executable, "-m", "workbook.cli", "run", *LABS], folder)
+
+
+@pytest.fixture(scope="module")
+def graded(folder):
+    """The release's public tests by pytest, as its test command runs them: (exit status,
+    output, results.json)."""
+    results = folder.parent / "results.json"
+    code, out = _finished([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--gradescope", str(results)], folder)
+    return code, out, results
 
 
 # --------------------------------------------------------------------------- workbook run
-def test_the_stubs_self_check_to_todo_for_every_lab(course):
-    folder, (code, out), _, _ = course
+def test_the_stubs_self_check_to_todo_for_every_lab(folder, self_checked):
+    code, out = self_checked
     assert code == 1, out
     assert "Traceback" not in out, out
     parts = re.split(r"(?m)^(?=\w+ self-check: )", out)
@@ -114,8 +128,7 @@ def test_several_labs_bad_input_is_one_line_before_any_check(argv, message, caps
     assert out.out == "" and out.err.count("\n") == 1 and message in out.err, out
 
 
-def test_progress_shows_what_the_self_check_recorded(course):
-    folder = course[0]
+def test_progress_shows_what_the_self_check_recorded(folder, self_checked):
     out = workbook(folder, "progress")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -129,8 +142,7 @@ def test_progress_shows_what_the_self_check_recorded(course):
 
 
 # --------------------------------------------------------------------------- workbook hint
-def test_hints_come_one_rung_at_a_time_from_the_releases_level_only(course):
-    folder = course[0]
+def test_hints_come_one_rung_at_a_time_from_the_releases_level_only(folder):
     table = json.loads((folder / "labs" / "hints.json").read_text())
     assert sorted(table) == sorted(LABS) and all(list(t) == [LEVEL] for t in table.values())
     lab = "ring_allreduce"
@@ -173,8 +185,8 @@ def test_a_lab_header_edited_to_another_level_gets_no_other_levels_hints(tmp_pat
 
 
 # --------------------------------------------------------------------------- grading
-def test_the_public_grading_tests_give_the_stubs_zero(course):
-    folder, _, (code, out), results = course
+def test_the_public_grading_tests_give_the_stubs_zero(folder, graded):
+    code, out, results = graded
     assert code == 1, out[-3000:]
     res = json.loads(results.read_text())
     assert res["score"] == 0 and res["tests"], out[-3000:]
@@ -203,8 +215,7 @@ def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
-def test_nothing_in_the_release_imports_solutions(course):
-    folder = course[0]
+def test_nothing_in_the_release_imports_solutions(folder):
     sources = {p.relative_to(folder).as_posix(): p.read_text() for p in folder.rglob("*.py")}
     for nb in folder.rglob("*.ipynb"):
         cells = json.loads(nb.read_text())["cells"]
