@@ -156,3 +156,40 @@ def test_a_wrong_lab_fails_exactly_its_checks(staged, monkeypatch, folder):
 def test_the_staged_wrong_labs_are_all_listed():
     on_disk = {p.name for p in WRONG.glob(f"{LAB}_*") if p.is_dir()}
     assert on_disk == set(CASES), sorted(on_disk ^ set(CASES))
+
+
+# --------------------------------------------------------------------------- the order, on paper
+def _module(name: str, path: Path):
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_the_order_derived_from_the_given_actions_is_the_references():
+    grader, sol = _module("ep_overlap_grader", GRADER), _module("ep_overlap_ref", REFERENCE)
+    for phase, deferred in grader.PHASES:
+        assert grader.hiding_order(phase, deferred) == sol.two_batch_schedule(phase, deferred)
+
+
+def test_a_schedule_that_hides_in_another_order_is_told_the_rule():
+    """Each weight gradient right after its dispatch-backward starts passes the given check,
+    but is not the lesson's order: the order test names the step and the rule."""
+    import types
+    grader, sol = _module("ep_overlap_grader", GRADER), _module("ep_overlap_ref", REFERENCE)
+    early = []
+    for a in sol.two_batch_schedule("backward", False):
+        early.append(a)
+        if a[0] == "start" and a[2] == "dispatch":
+            early.append(("compute", a[1], "wgrad"))
+
+    def schedule(phase, deferred_wgrad=False):
+        return early if (phase, deferred_wgrad) == ("backward", True) else \
+            sol.two_batch_schedule(phase, deferred_wgrad)
+    lab = types.SimpleNamespace(two_batch_schedule=schedule)
+    assert grader.schedule_problem(lab, "backward", True, exact=False) is None
+    message = grader.schedule_problem(lab, "backward", True, exact=True)
+    assert "step 5 is compute A.wgrad" in message and "wait B.combine there" in message, message
+    assert "just before the wait for its own dispatch-backward" in message, message
