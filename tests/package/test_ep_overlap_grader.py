@@ -63,8 +63,9 @@ def staged(tmp_path_factory):
             text = (WRONG / name / f"{LAB}.py").read_text()
             assert REFERENCE_LINE in text, f"{name}: a wrong lab starts from the reference"
             if not (ROOT / "solutions" / f"{LAB}.py").exists():     # staged: run the draft
-                text = text.replace(REFERENCE_LINE, f"exec(compile(open({str(REFERENCE)!r}).read(), "
-                                                    f"{str(REFERENCE)!r}, 'exec'), globals())")
+                run_draft = (f"exec(compile(open({str(REFERENCE)!r}).read(), {str(REFERENCE)!r}, "
+                             f"'exec'), globals())")
+                text = text.replace(REFERENCE_LINE, run_draft)
         (folder / f"{LAB}.py").write_text(text)
         return folder
     return checks, lab_folder
@@ -150,7 +151,8 @@ def test_a_wrong_lab_fails_exactly_its_checks(staged, monkeypatch, folder):
             continue
         assert v.status == engine.FAILED, f"{folder}: {v.name} is {v.status}: {v.message[:800]}"
         for word in expected[v.name.split("[")[0]]:
-            assert word in v.message, f"{folder}: {v.name}'s message lacks {word!r}:\n{v.message[:1500]}"
+            assert word in v.message, \
+                f"{folder}: {v.name}'s message lacks {word!r}:\n{v.message[:1500]}"
 
 
 def test_the_staged_wrong_labs_are_all_listed():
