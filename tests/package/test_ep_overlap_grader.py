@@ -195,3 +195,26 @@ def test_a_schedule_that_hides_in_another_order_is_told_the_rule():
     message = grader.schedule_problem(lab, "backward", True, exact=True)
     assert "step 5 is compute A.wgrad" in message and "wait B.combine there" in message, message
     assert "just before the wait for its own dispatch-backward" in message, message
+
+
+def test_the_graded_cases_cover_the_issue():
+    """E = 4 and 8, k = 1 and 2, drops and none, both styles, on 2 and 4 ranks; and each skewed
+    case really leaves the last rank without a token (per rank and per micro-batch)."""
+    import torch
+
+    from workbook.model import MoE
+    from workbook.model.moe import capacity_keep, route
+    grader = _module("ep_overlap_grader", GRADER)
+    for n, cases in grader.CASES.items():
+        assert {c[1] for c in cases} == {4, 8} and {c[2] for c in cases} == {1, 2}, n
+        assert {c[0] for c in cases} == {"gpt", "llama"}, n
+        assert {c[3] is None for c in cases} == {True, False}, n
+        assert any(c[5] for c in cases), n
+        for case in (c for c in cases if c[5]):
+            cfg, moe, x, _ = grader.setup(case, n)
+            router = MoE(cfg, moe).router.weight.detach()
+            for groups in (n, 2 * n):
+                r = route(x, router, moe.top_k)
+                keep = capacity_keep(r.experts, moe.num_experts, moe.capacity_factor, groups)
+                kept = torch.bincount(r.experts[keep], minlength=moe.num_experts)     # [E]
+                assert int(kept.view(n, -1)[-1].sum()) == 0, (case, n, groups, kept.tolist())
