@@ -19,7 +19,9 @@ this test stages them in a temporary folder: the grader is copied there as
 * router_weights_detached -> the same three variants' numbers, on the router's gradient;
 * two_batch_waits_for_a -> the two schedule tests only (the order test runs the given check
   first; the executor runs the grader's order, so its numbers pass);
-* shared_after_wait -> the shared-expert overlap test only, on structure (program order).
+* shared_after_wait -> the shared-expert overlap test only, on structure (program order);
+* wgrad_after_wait (the deferred weight gradients flushed after the wait) -> the deferred-wgrad
+  overlap test only, on structure.
 
 Each wrong lab runs under a cap of 2 ranks and only the checks its mistake can reach (plus one
 it must pass), on the warm rank pools, in this process.
@@ -127,6 +129,10 @@ CASES = {
             "two_batch_schedule_hides": ["two_batch_schedule('forward')", "wait A.dispatch",
                                          "compute B.router", "lesson 13, section 7"],
             "two_batch_schedule_order": ["two_batch_schedule('forward')", "wait A.dispatch"]}),
+    "ep_overlap_wgrad_after_wait": (
+        ("deferred_wgrad_numbers", "deferred_wgrad_hides_backward"), {
+            "deferred_wgrad_hides_backward": ["the dispatch's backward", "waited on right after it "
+                                              "started", "flush the store", "lesson 13, section 6"]}),
     "ep_overlap_shared_after_wait": (
         ("shared_overlap_numbers", "shared_expert_hides_dispatch"), {
             "shared_expert_hides_dispatch": ["the dispatch's all-to-all was waited on right "
