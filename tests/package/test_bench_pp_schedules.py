@@ -15,6 +15,7 @@ from bench_checks import parse
 from pp_schedules_reference import LAB10, SOL
 
 from workbook.pipeline_parallel import pp_schedules_bench as bench
+from workbook.pipeline_parallel import pp_schedules_report as paper_side
 
 TINY = dict(hidden=16, heads=2, layers=8, seq=4, rows=1, micro_batches=4, vocab=32)
 P = 2
@@ -96,12 +97,12 @@ def test_paper_side_agrees_with_lab_10_on_1f1b():
     for p, m in ((2, 8), (4, 8)):
         acts = SOL.all_ranks(SOL.interleaved_1f1b, p, 1, m)
         lab10 = [LAB10.one_f_one_b(p, m, s) for s in range(p)]
-        got = bench.paper(acts, p, 1, "interleaved", {"t_f": 1.0, "t_b": 2.0, "t_w": 0.0}, 0.1)
+        got = paper_side.paper(acts, p, 1, "interleaved", {"t_f": 1.0, "t_b": 2.0, "t_w": 0.0}, 0.1)
         want = pp_overlap_bench.predict([[tuple(a) for a in s] for s in lab10], 1.0, 2.0, 0.1)
         assert got["step_ms"] == pytest.approx(want["step_ms"])
         assert got["bubble"] == pytest.approx(want["bubble"])
         assert got["hidden_pct"] == pytest.approx(want["hidden_pct"])
-    line = bench.paper(acts, 4, 1, "interleaved", {"t_f": 1.0, "t_b": 2.0, "t_w": 0.0}, 0.0)
+    line = paper_side.paper(acts, 4, 1, "interleaved", {"t_f": 1.0, "t_b": 2.0, "t_w": 0.0}, 0.0)
     assert line["hidden_pct"] is None and line["bubble"] == pytest.approx(3 / 11)
 
 

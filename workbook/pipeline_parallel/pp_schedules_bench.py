@@ -4,13 +4,14 @@ of lab ``pp_schedules`` leaves, measured on ranks, beside its formula and ``simu
 Public functions (the report and lesson 12 import them):
 
 * ``measure(**options) -> dict`` runs the benchmark on fresh ranks (what ``--json`` writes);
-  ``report(result) -> str`` the table and ``figure(result)`` the plotly figure
-  (``pp_schedules_report``); ``run_bench(args)`` all three for the command line;
-  ``add_arguments(parser)`` its options; ``load_schedules_lab(impl)`` the lab under test;
+  ``report(result) -> str`` the table and ``figure(result)`` the plotly figure;
+  ``run_bench(args)`` all three for the command line; ``add_arguments(parser)`` its options;
+  ``load_schedules_lab(impl)`` the lab under test;
 * ``step_figures(t, ops, elapsed_ms, actions, comm=True) -> dict``: one profiled step on one
-  rank, from its trace and its link ops; ``combine(ranks) -> dict``: the ranks as one row;
-* ``paper(schedules, p, v, placement, costs, t_p2p) -> dict``: ``simulate_chunked``'s step,
-  bubble and steady-state hidden share with the measured per-action costs.
+  rank, from its trace and its link ops; ``combine(ranks) -> dict``: the ranks as one row.
+
+The paper side (``simulate_chunked`` and the formulas with the measured costs), the targets, the
+table and the figure are in ``pp_schedules_report``.
 
 What runs. Rank r holds ``v`` chunks of a GPT model (``--hidden``, ``--layers`` blocks cut into
 ``p * v`` stages, ``--seq`` tokens, ``--rows`` rows a micro-batch, fp32); the batch is cut into
@@ -69,9 +70,6 @@ SCHEDULE_OF = {"1f1b": ("interleaved_1f1b", 1), "interleaved_v2": ("interleaved_
                "interleaved_v4": ("interleaved_1f1b", 4), "zb_h1": ("zb_h1", 1),
                "zbv": ("zbv", 2), "no_comm": ("zbv", 2)}
 VARIANTS = tuple(SCHEDULE_OF)
-#: the name ``formula_bubble`` knows each variant's schedule by
-FORMULA_OF = {"1f1b": "1F1B", "interleaved_v2": "interleaved 1F1B",
-              "interleaved_v4": "interleaved 1F1B", "zb_h1": "ZB-H1", "zbv": "ZBV", "no_comm": "ZBV"}
 LINKS = ("dgx-h100", "dgx-h100-ib")
 FIELDS = ("step_ms", "link_ms", "comm_ms", "exposed_ms", "skew_ms", "steady_comm_ms",
           "steady_exposed_ms", "hidden_pct", "compute_ms", "bubble", "t_f_ms", "t_b_ms", "t_w_ms")
@@ -126,40 +124,6 @@ def variant_schedules(lab, variant: str, p: int, m: int) -> tuple[list, int, str
     name, v = SCHEDULE_OF[variant]
     fn, placement = lab.SCHEDULES[name]
     return [[tuple(a) for a in fn(p, v, m, r)] for r in range(p)], v, placement
-
-
-# --------------------------------------------------------------------------- on paper
-def paper_hidden(schedules, line, p: int, v: int, placement: str, t_p2p: float) -> float | None:
-    """On a ``simulate_chunked`` timeline: the share of the transfers issued in each rank's
-    steady state (a send from the end of its action, a receive from the end of the action that
-    feeds it, each ``t_p2p`` long) that falls under the rank's own compute; None if none."""
-    from workbook.pipeline_parallel import ChunkAction, destination_of, phases, source_of
-    end = {(r, a): e for r, spans in enumerate(line.spans) for _, e, a in spans}
-    total = hidden = 0.0
-    for r, spans in enumerate(line.spans):
-        acts = [ChunkAction(*a) for a in schedules[r]]
-        steady = [k for k, ph in enumerate(phases([(a.kind, a.micro_batch) for a in acts]))
-                  if ph == "steady"]
-        if not steady or t_p2p <= 0:
-            continue
-        lo = spans[steady[0] - 1][1] if steady[0] > 0 else -1.0
-        hi = spans[steady[-1]][1]
-        starts = [end[r, a] for a in acts
-                  if (d := destination_of(r, a, p, v, placement)) and d[0] != r]
-        starts += [end[src] for a in acts if (src := source_of(r, a, p, v, placement)) and src[0] != r]
-        for t0 in (t for t in starts if lo < t <= hi):
-            total += t_p2p
-            hidden += sum(max(0.0, min(t0 + t_p2p, e) - max(t0, b)) for b, e, _ in spans)
-    return 100 * hidden / total if total else None
-
-
-def paper(schedules, p: int, v: int, placement: str, costs: dict, t_p2p: float) -> dict:
-    """``simulate_chunked`` of ``schedules`` with per-chunk-action ``costs`` (``t_f``, ``t_b``,
-    ``t_w``; ms) and ``t_p2p`` ms a transfer: ``step_ms``, ``bubble``, ``hidden_pct``."""
-    from workbook.pipeline_parallel import simulate_chunked
-    line = simulate_chunked(schedules, p, v, placement, t_p2p=t_p2p, **costs)
-    return {"step_ms": line.step, "bubble": line.bubble,
-            "hidden_pct": paper_hidden(schedules, line, p, v, placement, t_p2p)}
 
 
 # --------------------------------------------------------------------------- inside a rank
@@ -262,81 +226,18 @@ def combine(ranks: list[dict]) -> dict:
                for k in ("t_f_ms", "t_b_ms", "t_w_ms")}}
 
 
-def _costs(row: dict) -> dict:
-    """One chunk action's measured costs as ``simulate_chunked`` takes them: an unsplit B's
-    measured time already holds its W, so its ``t_w`` is 0."""
-    return {"t_f": row["t_f_ms"], "t_b": row["t_b_ms"],
-            "t_w": 0.0 if row["t_w_ms"] is None else row["t_w_ms"]}
-
-
-def _paper_rows(rows: dict, schedules: dict, p: int, m: int, t_p2p: float) -> None:
-    """Add to each variant's row its formula, textbook and ``simulate_chunked`` figures, its
-    peaks in flight (from the schedule) and its step over no_comm's."""
-    from workbook.pipeline_parallel import simulate_chunked
-    from workbook.pipeline_parallel.pp_schedules_lesson import formula_bubble
-    for name, row in rows.items():
-        acts, v, placement = schedules[name]
-        costs = _costs(row)
-        whole = {k: v * c for k, c in costs.items()}             # a whole stage's: chunk x v
-        if row["t_w_ms"] is None:                                 # unsplit: B + W measured as B
-            whole = {"t_f": whole["t_f"], "t_b": whole["t_b"] / 2, "t_w": whole["t_b"] / 2}
-        peaks = simulate_chunked(acts, p, v, placement).peak_in_flight
-        row.update(v=v, placement=placement,
-                   formula=max(0.0, formula_bubble(FORMULA_OF[name], p, v, m, **whole)),
-                   textbook=formula_bubble(FORMULA_OF[name], p, v, m),
-                   paper=paper(acts, p, v, placement, costs, 0.0 if name == "no_comm" else t_p2p),
-                   paper_bare_ms=paper(acts, p, v, placement, costs, 0.0)["step_ms"],
-                   peak_in_flight=peaks, peak_stages=max(peaks) / v,
-                   over_no_comm=row["step_ms"] / rows["no_comm"]["step_ms"])
-
-
-def _targets(rows: dict) -> dict:
-    """Issue 30's benchmark targets, each ``want`` / ``got`` / ``paper`` / ``met`` (None: a
-    variant it needs did not run)."""
-    out = {}
-    iv2, one, zb, zbv = (rows.get(k) for k in ("interleaved_v2", "1f1b", "zb_h1", "zbv"))
-    if iv2:
-        book = iv2["textbook"]
-        out["interleaved v=2: steady-state p2p hidden >= 80%"] = {
-            "want": ">= 80%", "got": iv2["hidden_pct"], "paper": iv2["paper"]["hidden_pct"],
-            "met": None if iv2["hidden_pct"] is None else iv2["hidden_pct"] >= 80}
-        out["interleaved v=2: bubble within 10% of (p-1)/(vm+p-1)"] = {
-            "want": f"{100 * book:.1f}% +- {10 * book:.1f}", "got": 100 * iv2["bubble"],
-            "paper": 100 * iv2["paper"]["bubble"], "met": abs(iv2["bubble"] - book) <= 0.1 * book}
-    if zb and one:
-        out["ZB-H1: bubble <= 1/3 of 1F1B's"] = {
-            "want": f"<= {100 * one['bubble'] / 3:.1f}%", "got": 100 * zb["bubble"],
-            "paper": 100 * zb["paper"]["bubble"], "met": zb["bubble"] <= one["bubble"] / 3}
-        # the paper's claim is in idle time: (p-1)(t_F + t_B - t_W) against (p-1)(t_F + t_B + t_W);
-        # as a share of the step the same idle is more than a third ((m+p-1)/(3m+p-1) at equal costs)
-        idle = {k: r["bubble"] * r["step_ms"] for k, r in (("zb", zb), ("one", one))}
-        paper_idle = {k: r["paper"]["bubble"] * r["paper"]["step_ms"] for k, r in (("zb", zb), ("one", one))}
-        out["ZB-H1: idle time per rank <= 1/3 of 1F1B's (the paper's form)"] = {
-            "want": "<= 0.33x", "got": idle["zb"] / idle["one"] if idle["one"] else None,
-            "paper": paper_idle["zb"] / paper_idle["one"] if paper_idle["one"] else None,
-            "met": idle["zb"] <= idle["one"] / 3}
-        out["ZB-H1: peak activations in flight = 1F1B's"] = {
-            "want": f"{one['peak_stages']:g} stages", "got": zb["peak_stages"],
-            "paper": zb["peak_stages"], "met": zb["peak_stages"] == one["peak_stages"]}
-    if zbv:
-        out["ZBV: step <= 1.10 x the no-communication optimum"] = {
-            "want": "<= 1.10x", "got": zbv["over_no_comm"],
-            "paper": zbv["paper"]["step_ms"] / zbv["paper_bare_ms"],
-            "met": zbv["over_no_comm"] <= 1.10}
-    return out
-
-
 def _check(o: dict, nproc: int, links: list, variants: list, repeats: int, warmup: int,
            unknown_options) -> None:
     from workbook.link.presets import preset_names
     from workbook.pipeline_parallel import ScheduleError, check_interleaved_shape
     unknown, bad_links = sorted(set(variants) - set(VARIANTS)), [x for x in links if x not in preset_names()]
     stages = nproc * max((SCHEDULE_OF[x][1] for x in variants if x in SCHEDULE_OF), default=1)
-    try:
-        check_interleaved_shape(nproc, 2, o["micro_batches"]) if o["micro_batches"] >= 1 else None
-        megatron = None
-    except ScheduleError as err:
-        megatron = str(err)
+    megatron = None                                  # m a multiple of p, for interleaved
+    if o["micro_batches"] >= 1 and any(x.startswith("interleaved") for x in variants):
+        try:
+            check_interleaved_shape(nproc, 2, o["micro_batches"])
+        except ScheduleError as err:
+            megatron = str(err)
     problems = [msg for bad, msg in (
         (unknown_options, f"unknown option(s) {sorted(unknown_options)}"),
         (unknown, f"unknown variant(s) {unknown}: choose from {', '.join(VARIANTS)}"),
@@ -348,7 +249,7 @@ def _check(o: dict, nproc: int, links: list, variants: list, repeats: int, warmu
         (o["layers"] < stages, f"--layers {o['layers']} cannot fill {stages} stages ({nproc} "
                                f"ranks x the most chunks a variant holds): at least one block a stage"),
         (o["micro_batches"] < 1, f"--micro-batches {o['micro_batches']} must be at least 1"),
-        (megatron and any(x.startswith("interleaved") for x in variants), megatron),
+        (megatron, megatron),
         (min(o["hidden"], o["seq"], o["rows"], o["heads"], o["vocab"]) < 1,
          "--hidden, --seq, --rows, --heads and --vocab must be at least 1"),
         (o["heads"] >= 1 and o["hidden"] % o["heads"], f"--heads {o['heads']} must divide --hidden "
@@ -367,6 +268,7 @@ def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=No
     bad option raises ``UsageError`` (a ``SystemExit``, status 2, one line)."""
     import torch
 
+    from workbook.pipeline_parallel.pp_schedules_report import paper_rows, targets
     from workbook.runtime import launch
     variants, links, o = list(VARIANTS if variants is None else variants), list(links), dict(DEFAULTS)
     unknown_options = set(shape) - set(o)
@@ -383,11 +285,11 @@ def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=No
     for preset in links:
         per = [r["links"][preset] for r in results]
         rows = {name: combine([q["variants"][name] for q in per]) for name in run}
-        _paper_rows(rows, schedules, nproc, m, per[0]["t_p2p_ms"])
+        paper_rows(rows, schedules, nproc, m, per[0]["t_p2p_ms"])
         out[preset] = {"link_label": per[0]["link_label"], "activation_bytes": per[0]["activation_bytes"],
                        "t_p2p_ms": per[0]["t_p2p_ms"], "no_comm_step_ms": rows["no_comm"]["step_ms"],
                        "variants": {name: rows[name] for name in variants},
-                       "targets": _targets({name: rows[name] for name in variants})}
+                       "targets": targets({name: rows[name] for name in variants})}
     cores = os.cpu_count() or 1
     try:
         load = os.getloadavg()

@@ -1,4 +1,11 @@
-"""How ``workbook bench pp_schedules`` shows its figures: a table per link preset and a figure.
+"""What ``workbook bench pp_schedules`` compares its measurements with, and how it shows them.
+
+On paper: ``paper(schedules, p, v, placement, costs, t_p2p)`` plays a schedule with
+``simulate_chunked`` at the measured per-chunk-action costs (its step, bubble and
+``paper_hidden``, the steady state's transfers under compute); ``paper_rows`` adds to each
+measured row its formula bubble (``pp_schedules_lesson.formula_bubble``, whole-stage costs =
+chunk costs x v), the textbook one (equal costs), ``simulate_chunked``'s figures, the peaks in
+flight from the schedule and the step over no_comm's; ``targets`` judges issue 30's targets.
 
 ``bench_table(result)`` prints, per variant (``pp_schedules_bench``'s module docstring defines each
 figure): the step and ``simulate_chunked``'s step in brackets, the step over the
@@ -16,6 +23,109 @@ so in its first line and in each preset's heading.
 from __future__ import annotations
 
 from workbook.measure.output import human, where_measured
+
+#: the name ``formula_bubble`` knows each variant's schedule by
+FORMULA_OF = {"1f1b": "1F1B", "interleaved_v2": "interleaved 1F1B",
+              "interleaved_v4": "interleaved 1F1B", "zb_h1": "ZB-H1", "zbv": "ZBV", "no_comm": "ZBV"}
+
+
+# --------------------------------------------------------------------------- on paper
+def paper_hidden(schedules, line, p: int, v: int, placement: str, t_p2p: float) -> float | None:
+    """On a ``simulate_chunked`` timeline: the share of the transfers issued in each rank's
+    steady state (a send from the end of its action, a receive from the end of the action that
+    feeds it, each ``t_p2p`` long) that falls under the rank's own compute; None if none."""
+    from workbook.pipeline_parallel import ChunkAction, destination_of, phases, source_of
+    end = {(r, a): e for r, spans in enumerate(line.spans) for _, e, a in spans}
+    total = hidden = 0.0
+    for r, spans in enumerate(line.spans):
+        acts = [ChunkAction(*a) for a in schedules[r]]
+        steady = [k for k, ph in enumerate(phases([(a.kind, a.micro_batch) for a in acts]))
+                  if ph == "steady"]
+        if not steady or t_p2p <= 0:
+            continue
+        lo = spans[steady[0] - 1][1] if steady[0] > 0 else -1.0
+        hi = spans[steady[-1]][1]
+        starts = [end[r, a] for a in acts
+                  if (d := destination_of(r, a, p, v, placement)) and d[0] != r]
+        starts += [end[src] for a in acts if (src := source_of(r, a, p, v, placement)) and src[0] != r]
+        for t0 in (t for t in starts if lo < t <= hi):
+            total += t_p2p
+            hidden += sum(max(0.0, min(t0 + t_p2p, e) - max(t0, b)) for b, e, _ in spans)
+    return 100 * hidden / total if total else None
+
+
+def paper(schedules, p: int, v: int, placement: str, costs: dict, t_p2p: float) -> dict:
+    """``simulate_chunked`` of ``schedules`` with per-chunk-action ``costs`` (``t_f``, ``t_b``,
+    ``t_w``; ms) and ``t_p2p`` ms a transfer: ``step_ms``, ``bubble``, ``hidden_pct``."""
+    from workbook.pipeline_parallel import simulate_chunked
+    line = simulate_chunked(schedules, p, v, placement, t_p2p=t_p2p, **costs)
+    return {"step_ms": line.step, "bubble": line.bubble,
+            "hidden_pct": paper_hidden(schedules, line, p, v, placement, t_p2p)}
+
+
+# --------------------------------------------------------------------------- the rows
+def costs_of(row: dict) -> dict:
+    """One chunk action's measured costs as ``simulate_chunked`` takes them: an unsplit B's
+    measured time already holds its W, so its ``t_w`` is 0."""
+    return {"t_f": row["t_f_ms"], "t_b": row["t_b_ms"],
+            "t_w": 0.0 if row["t_w_ms"] is None else row["t_w_ms"]}
+
+
+def paper_rows(rows: dict, schedules: dict, p: int, m: int, t_p2p: float) -> None:
+    """Add to each variant's row its formula, textbook and ``simulate_chunked`` figures, its
+    peaks in flight (from the schedule) and its step over no_comm's."""
+    from workbook.pipeline_parallel import simulate_chunked
+    from workbook.pipeline_parallel.pp_schedules_lesson import formula_bubble
+    for name, row in rows.items():
+        acts, v, placement = schedules[name]
+        costs = costs_of(row)
+        whole = {k: v * c for k, c in costs.items()}             # a whole stage's: chunk x v
+        if row["t_w_ms"] is None:                                 # unsplit: B + W measured as B
+            whole = {"t_f": whole["t_f"], "t_b": whole["t_b"] / 2, "t_w": whole["t_b"] / 2}
+        peaks = simulate_chunked(acts, p, v, placement).peak_in_flight
+        row.update(v=v, placement=placement,
+                   formula=max(0.0, formula_bubble(FORMULA_OF[name], p, v, m, **whole)),
+                   textbook=formula_bubble(FORMULA_OF[name], p, v, m),
+                   paper=paper(acts, p, v, placement, costs, 0.0 if name == "no_comm" else t_p2p),
+                   paper_bare_ms=paper(acts, p, v, placement, costs, 0.0)["step_ms"],
+                   peak_in_flight=peaks, peak_stages=max(peaks) / v,
+                   over_no_comm=row["step_ms"] / rows["no_comm"]["step_ms"])
+
+
+def targets(rows: dict) -> dict:
+    """Issue 30's benchmark targets, each ``want`` / ``got`` / ``paper`` / ``met`` (None: a
+    variant it needs did not run)."""
+    out = {}
+    iv2, one, zb, zbv = (rows.get(k) for k in ("interleaved_v2", "1f1b", "zb_h1", "zbv"))
+    if iv2:
+        book = iv2["textbook"]
+        out["interleaved v=2: steady-state p2p hidden >= 80%"] = {
+            "want": ">= 80%", "got": iv2["hidden_pct"], "paper": iv2["paper"]["hidden_pct"],
+            "met": None if iv2["hidden_pct"] is None else iv2["hidden_pct"] >= 80}
+        out["interleaved v=2: bubble within 10% of (p-1)/(vm+p-1)"] = {
+            "want": f"{100 * book:.1f}% +- {10 * book:.1f}", "got": 100 * iv2["bubble"],
+            "paper": 100 * iv2["paper"]["bubble"], "met": abs(iv2["bubble"] - book) <= 0.1 * book}
+    if zb and one:
+        out["ZB-H1: bubble <= 1/3 of 1F1B's"] = {
+            "want": f"<= {100 * one['bubble'] / 3:.1f}%", "got": 100 * zb["bubble"],
+            "paper": 100 * zb["paper"]["bubble"], "met": zb["bubble"] <= one["bubble"] / 3}
+        # the paper's claim is in idle time: (p-1)(t_F + t_B - t_W) against (p-1)(t_F + t_B + t_W);
+        # as a share of the step the same idle is more than a third ((m+p-1)/(3m+p-1) at equal costs)
+        idle = {k: r["bubble"] * r["step_ms"] for k, r in (("zb", zb), ("one", one))}
+        paper_idle = {k: r["paper"]["bubble"] * r["paper"]["step_ms"] for k, r in (("zb", zb), ("one", one))}
+        out["ZB-H1: idle time per rank <= 1/3 of 1F1B's (the paper's form)"] = {
+            "want": "<= 0.33x", "got": idle["zb"] / idle["one"] if idle["one"] else None,
+            "paper": paper_idle["zb"] / paper_idle["one"] if paper_idle["one"] else None,
+            "met": idle["zb"] <= idle["one"] / 3}
+        out["ZB-H1: peak activations in flight = 1F1B's"] = {
+            "want": f"{one['peak_stages']:g} stages", "got": zb["peak_stages"],
+            "paper": zb["peak_stages"], "met": zb["peak_stages"] == one["peak_stages"]}
+    if zbv:
+        out["ZBV: step <= 1.10 x the no-communication optimum"] = {
+            "want": "<= 1.10x", "got": zbv["over_no_comm"],
+            "paper": zbv["paper"]["step_ms"] / zbv["paper_bare_ms"],
+            "met": zbv["over_no_comm"] <= 1.10}
+    return out
 
 
 def _fmt(x, spec="{:.0f}") -> str:
