@@ -106,7 +106,7 @@ def test_paper_side_agrees_with_lab_10_on_1f1b():
     assert line["hidden_pct"] is None and line["bubble"] == pytest.approx(3 / 11)
 
 
-def test_bad_options_fail_in_one_line(capsys):
+def test_bad_options_fail_in_one_line(capsys, tmp_path):
     with pytest.raises(SystemExit) as err:
         bench.run_bench(parse(bench, "--micro-batches", "3", "--layers", "4", "--variants",
                               "zbv,zb", "--link", "none", "--nproc", "5"))
@@ -122,3 +122,5 @@ def test_bad_options_fail_in_one_line(capsys):
     assert err.value.code == 2 and "m a multiple of p (Megatron-LM's rule" in str(err.value)
     with pytest.raises(SystemExit, match="^workbook bench pp_schedules: unknown option"):
         bench.measure(hiden=64)
+    with pytest.raises(SystemExit, match="^workbook bench pp_schedules: no lab file .*pp_sched"):
+        bench.measure(impl=str(tmp_path))                    # before any rank starts

@@ -276,10 +276,14 @@ def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=No
     _check(o, nproc, links, variants, repeats, warmup, unknown_options)
     run = [*variants, *(["no_comm"] if "no_comm" not in variants else [])]   # the optimum's
     o.update(impl=impl, repeats=repeats, warmup=warmup, links=links, variants=variants, run=run)
+    try:                                             # before any rank starts
+        lab = load_schedules_lab(impl)
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageError(PREFIX + str(err)) from None
     with tempfile.TemporaryDirectory(prefix="pp-schedules-bench-") as tmp:
         results = launch.run(_rank_bench, nproc, o, str(trace_dir or tmp), timeout=3600,
                              link=links[0], pool=pool)
-    lab, m = load_schedules_lab(impl), o["micro_batches"]
+    m = o["micro_batches"]
     schedules = {name: variant_schedules(lab, name, nproc, m) for name in run}
     out = {}
     for preset in links:
