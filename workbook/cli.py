@@ -15,6 +15,7 @@
     workbook bench dp_overlap             bucketed DP and ZeRO-1/2/3 vs naive DP vs no communication
     workbook bench pp_overlap             GPipe and 1F1B, blocking and overlapped p2p, vs no communication
     workbook bench cp_ring                ring attention's K/V exchange hidden, contiguous vs zig-zag, S sweep
+    workbook bench pp_schedules           1F1B, interleaved, ZB-H1, ZBV vs no communication, beside the formulas
 """
 from __future__ import annotations
 
@@ -412,6 +413,9 @@ MODEL_BENCHES = {
                    "workbook.pipeline_parallel.simulate."),
     "cp_ring": ("cp_ring", "ring attention's K/V exchange hidden behind each ring step's "
                 "attention, contiguous vs zig-zag split, over a sweep of sequence lengths."),
+    "pp_schedules": ("pp_schedules", "1F1B, interleaved 1F1B (v = 2, 4), ZB-H1 and ZBV vs the "
+                     "no-communication step, each bubble beside its formula and "
+                     "simulate_chunked with the measured costs."),
 }
 
 

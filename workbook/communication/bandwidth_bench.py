@@ -211,9 +211,11 @@ TARGETS = {
                   "options: workbook bench pp_overlap --help)",
     "cp_ring": "ring attention's K/V exchange hidden, contiguous vs zig-zag, over a sequence "
                "sweep (own options: workbook bench cp_ring --help)",
+    "pp_schedules": "1F1B, interleaved, ZB-H1 and ZBV vs no communication, beside the formulas "
+                    "(own options: workbook bench pp_schedules --help)",
 }
 DOMINO = "domino"
-OWN_OPTIONS = (DOMINO, "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring")   # routed by cli.main, as domino is
+OWN_OPTIONS = (DOMINO, "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring", "pp_schedules")   # routed by cli.main, as domino is
 
 
 def _targets_epilog() -> str:

@@ -56,8 +56,6 @@ step is at most 1.10 x the no-communication optimum.
 """
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import statistics
 import tempfile
@@ -97,19 +95,9 @@ def add_arguments(parser) -> None:
 
 
 def load_schedules_lab(impl: str | None = "solutions"):
-    """Lab ``pp_schedules`` from ``impl`` (labs, solutions or a folder). The lab is not
-    registered yet, so its file is read by path, ``solutions/pp_schedules.py.draft`` while it is
-    staged; once registered this is ``load_lab("pp_schedules", impl)``."""
-    from workbook.grading.labs import impl_dir
-    folder = impl_dir(impl)
-    path = next((c for c in (folder / "pp_schedules.py", folder / "pp_schedules.py.draft")
-                 if c.is_file()), None)
-    if path is None:
-        raise FileNotFoundError(f"no lab file {folder / 'pp_schedules.py'}")
-    loader = importlib.machinery.SourceFileLoader("workbook_bench_pp_schedules", str(path))
-    lab = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(lab)
-    return lab
+    """Lab ``pp_schedules`` from ``impl`` (labs, solutions or a folder)."""
+    from workbook.grading.labs import load_lab
+    return load_lab("pp_schedules", impl)
 
 
 def model_config(hidden: int, layers: int, seq: int, heads: int, vocab: int):
