@@ -19,12 +19,14 @@
 
 # %%
 from workbook.grading.labs import load_lab
+from workbook.lessons import check_your_work, yours_reference_or_recorded
 from workbook.measure import lesson_figures as lf
 from workbook.pipeline_parallel import (ScheduleError, check_chunked_schedule, rank_and_chunk,
                                         simulate_chunked, stage_index)
 from workbook.pipeline_parallel import pp_schedules_lesson as lesson
 
 P, M = 4, 8                      # the pipeline drawn on paper: 4 ranks, 8 micro-batches
+SHOWN = yours_reference_or_recorded("pp_schedules")   # "yours", "reference", or "recorded"
 try:
     mine = load_lab("pp_schedules", "labs")
 except Exception as exc:         # noqa: BLE001 - not written yet, or not importable yet
@@ -214,11 +216,55 @@ lesson.paper_figure(SCHEDULE_FNS, "ZBV", P, M)
 lesson.paper_explorer(SCHEDULE_FNS)
 
 # %% [markdown]
-# ## 7. Your schedules on ranks (comes with the chunked executor)
+# ## 7. Your schedules on your ranks
+#
+# On ranks, a schedule needs an executor: the given `ChunkedExecutor` builds a rank's $v$ chunks
+# (each linear's backward split, so B computes only the input gradient and W runs later) and calls
+# your `OverlappedChunkedExecutor`'s steps in the order of the rank's actions. Two things are new
+# since lesson 10's executor:
+#
+# * **whose message is next.** A peer's messages fill your receives in the order you post them,
+#   and with chunks a peer sends in *its* action order, not yours: on 2 ranks, rank 0 receives both
+#   activations (for its chunk 1) and gradients (for its chunk 0) from rank 1, interleaved as
+#   rank 1 runs them. Post a peer's receives in the order it sends, and each message lands in its
+#   own buffer (the base class works out that order: `arrivals`);
+# * **the V's turn.** Stages $p-1$ and $p$ are both on rank $p-1$: the tensor is handed over in
+#   memory, with no transfer at all.
+#
+# **Predict** before you run the next cell, for 2 ranks and 8 micro-batches on the simulated
+# dgx-h100 link: rank the four schedules by step time. Which hides the larger share of its
+# steady-state transfers, 1F1B or interleaved 1F1B, and why (section 3's slack, and lesson 10's
+# transfer on the critical path)? Then compare with the `simulate` column: `simulate_chunked`
+# played with the costs your trace measured.
+
+# %%
+from workbook.pipeline_parallel import pp_schedules_bench as bench
+
+IMPL = "labs" if SHOWN == "yours" else "solutions"
+result = bench.measure(impl=IMPL, nproc=2, links=["dgx-h100"], repeats=1, warmup=1, pool=True,
+                       variants=["1f1b", "interleaved_v2", "zb_h1", "zbv"], hidden=256,
+                       layers=4, seq=256, rows=1, micro_batches=8, heads=4)
+print(f"{'your' if IMPL == 'labs' else 'the REFERENCE'} executor and schedules:")
+print(bench.report(result))
+
+# %%
+bench.figure(result)
+
+# %% [markdown]
+# Where the measured bubble sits above the formula, the difference is time the trace does not
+# count as compute: the executor's Python between operations, copies, and the transfers the
+# formula leaves out. The *no_comm* row (ZBV with no link time) is the floor this machine sets;
+# `workbook bench pp_schedules` runs the full comparison, on two link presets, and
+# `docs/bench-pp-schedules.md` explains its figures.
 #
 # ## 8. The lab
 #
 # `labs/pp_schedules.py`: task 1 `interleaved_1f1b`, task 2 `zb_h1`, task 3 `zbv` (graded at once,
 # action by action against PyTorch's order, each set of ranks first through the deadlock checker),
-# then the executor. `workbook run pp_schedules` checks your work; `workbook hint pp_schedules
-# zb_h1` gives a hint when you ask for one.
+# then the `OverlappedChunkedExecutor` (its numbers against one device for every schedule on 2 and
+# 4 ranks, its traffic from the trace, then how much of the steady state's transfers it hides).
+# `workbook run pp_schedules` checks your work; `workbook hint pp_schedules zb_h1` gives a hint
+# when you ask for one.
+
+# %%
+check_your_work("pp_schedules")

@@ -83,10 +83,7 @@ def test_a_release_at_each_level_holds_the_course_without_its_answers(level, rel
     assert all(list(by_level) == [level] for by_level in hints.values())   # its own level only
     manifest = json.loads((folder / RELEASE_MANIFEST).read_text())
     assert manifest["level"] == level
-    # lessons 4-11 stand the reference in for an unfinished lab; lesson 12 draws PyTorch's own
-    # schedules instead (workbook.pipeline_parallel.torch_orders), so it needs none
-    assert [s["lab"] for s in manifest["lessons_needing_reference_outputs"]] == \
-        [lab for lab in LABS[3:] if lab != "pp_schedules"]
+    assert [s["lab"] for s in manifest["lessons_needing_reference_outputs"]] == LABS[3:]
     code, out, err = _cli(["release", "--check", str(folder)], capsys)
     assert code == 0, out + err
     assert "holds nothing of the answer key" in out
@@ -105,7 +102,7 @@ def test_the_release_readme_has_two_setup_commands_and_every_link_reaches_a_file
     commands = [line for line in block.splitlines() if line.strip()]
     assert [c.split("#")[0].strip() for c in commands] == [
         "python3 -m workbook.bootstrap demo", "python3 -m workbook.bootstrap test"]
-    assert "standard" in setup and "lessons 04-11" in setup
+    assert "standard" in setup and "lessons 04-12" in setup
     for page in [folder / "README.md", *sorted((folder / "docs").glob("*.md")),
                  folder / "lessons" / "README.md"]:
         rel = page.relative_to(folder).as_posix()
