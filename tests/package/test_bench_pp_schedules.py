@@ -15,7 +15,7 @@ from bench_checks import parse
 from pp_schedules_reference import LAB10, SOL
 
 from workbook.pipeline_parallel import pp_schedules_bench as bench
-from workbook.pipeline_parallel import pp_schedules_report as paper_side
+from workbook.pipeline_parallel import pp_schedules_figures as paper_side
 
 TINY = dict(hidden=16, heads=2, layers=8, seq=4, rows=1, micro_batches=4, vocab=32)
 P = 2
@@ -124,3 +124,18 @@ def test_bad_options_fail_in_one_line(capsys, tmp_path):
         bench.measure(hiden=64)
     with pytest.raises(SystemExit, match="^workbook bench pp_schedules: no lab file .*pp_sched"):
         bench.measure(impl=str(tmp_path))                    # before any rank starts
+
+
+def test_the_self_checks_figures_name_every_schedule_beside_its_paper_figures():
+    """``workbook run pp_schedules`` (all checks passed) prints the lab's figures: the report's
+    rank side on 2 warm ranks, then its lines."""
+    from workbook.pipeline_parallel import pp_schedules_report as report
+    from workbook.runtime.launch import run
+    results = run(report.run, report.WORLD_SIZE, None, "solutions", link=report.LINK, pool=True,
+                  timeout=120)
+    text = report.describe(results)
+    for name in ("1f1b", "interleaved_v2", "zb_h1", "zbv"):
+        line = next(ln for ln in text.splitlines() if ln.split()[:1] == [name])
+        step, x_opt = float(line.split()[1]), float(line.split()[2])
+        assert step > 0 and x_opt > 0.5, line
+    assert "simulated link: dgx-h100" in text and "simulate" in text

@@ -11,7 +11,7 @@ Public functions (the report and lesson 12 import them):
   rank, from its trace and its link ops; ``combine(ranks) -> dict``: the ranks as one row.
 
 The paper side (``simulate_chunked`` and the formulas with the measured costs), the targets, the
-table and the figure are in ``pp_schedules_report``.
+table and the figure are in ``pp_schedules_figures``.
 
 What runs. Rank r holds ``v`` chunks of a GPT model (``--hidden``, ``--layers`` blocks cut into
 ``p * v`` stages, ``--seq`` tokens, ``--rows`` rows a micro-batch, fp32); the batch is cut into
@@ -256,7 +256,7 @@ def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=No
     bad option raises ``UsageError`` (a ``SystemExit``, status 2, one line)."""
     import torch
 
-    from workbook.pipeline_parallel.pp_schedules_report import paper_rows, targets
+    from workbook.pipeline_parallel.pp_schedules_figures import paper_rows, targets
     from workbook.runtime import launch
     variants, links, o = list(VARIANTS if variants is None else variants), list(links), dict(DEFAULTS)
     unknown_options = set(shape) - set(o)
@@ -294,12 +294,12 @@ def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=No
 
 
 def report(result: dict) -> str:
-    from workbook.pipeline_parallel.pp_schedules_report import bench_table
+    from workbook.pipeline_parallel.pp_schedules_figures import bench_table
     return bench_table(result)
 
 
 def figure(result: dict):
-    from workbook.pipeline_parallel.pp_schedules_report import bench_figure
+    from workbook.pipeline_parallel.pp_schedules_figures import bench_figure
     return bench_figure(result)
 
 
