@@ -232,17 +232,18 @@ lesson.paper_explorer(SCHEDULE_FNS)
 #   memory, with no transfer at all.
 #
 # **Predict** before you run the next cell, for 2 ranks and 8 micro-batches on the simulated
-# dgx-h100 link: rank the four schedules by step time. Which hides the larger share of its
-# steady-state transfers, 1F1B or interleaved 1F1B, and why (section 3's slack, and lesson 10's
-# transfer on the critical path)? Then compare with the `simulate` column: `simulate_chunked`
-# played with the costs your trace measured.
+# dgx-h100 link: which is faster, interleaved 1F1B (v = 2) or ZBV, and by how much on paper
+# (section 6's table)? Which hides the larger share of its steady-state transfers, and why (the
+# V's turn needs no transfer; interleaving sends v times as many)? Then compare with the
+# `simulate` column: `simulate_chunked` played with the costs your trace measured.
+# (`workbook bench pp_schedules` adds 1F1B, ZB-H1 and v = 4.)
 
 # %%
 from workbook.pipeline_parallel import pp_schedules_bench as bench
 
 IMPL = "labs" if SHOWN == "yours" else "solutions"
 result = bench.measure(impl=IMPL, nproc=2, links=["dgx-h100"], repeats=1, warmup=1, pool=True,
-                       variants=["1f1b", "interleaved_v2", "zb_h1", "zbv"], hidden=256,
+                       variants=["interleaved_v2", "zbv"], hidden=256,
                        layers=4, seq=256, rows=1, micro_batches=8, heads=4)
 print(f"{'your' if IMPL == 'labs' else 'the REFERENCE'} executor and schedules:")
 print(bench.report(result))

@@ -131,8 +131,8 @@ def test_the_self_checks_figures_name_every_schedule_beside_its_paper_figures():
     rank side on 2 warm ranks, then its lines."""
     from workbook.pipeline_parallel import pp_schedules_report as report
     from workbook.runtime.launch import run
-    results = run(report.run, report.WORLD_SIZE, None, "solutions", link=report.LINK, pool=True,
-                  timeout=120)
+    results = run(report.run, report.WORLD_SIZE, None, "solutions",
+                  {**report.REPORT_OPTIONS, **TINY}, link=report.LINK, pool=True, timeout=120)
     text = report.describe(results)
     for name in ("1f1b", "interleaved_v2", "zb_h1", "zbv"):
         line = next(ln for ln in text.splitlines() if ln.split()[:1] == [name])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from workbook import cli
-from workbook.grading.labs import repo_root
+from workbook.grading.labs import LABS, repo_root
 from workbook.instructor import assign
 from workbook.learner import progress, task_list
 
@@ -136,7 +136,7 @@ def test_progress_on_a_stub_a_partial_and_a_full_answer(labs, capsys):
         assert saved["failed"] and "predictions_match_the_measured_trace" in saved["failed"]
         assert saved["score"] >= saved["total"] - 3
     code, out, _ = _run_cli("progress", "--impl", str(labs), capsys=capsys)
-    assert code == 0 and out.count("\n") == 12 and f"{saved['score']:g} / " in out
+    assert code == 0 and out.count("\n") == len(LABS) + 1 and f"{saved['score']:g} / " in out
 
 
 def _pids_running(marker: str) -> list[int]:
@@ -181,7 +181,7 @@ def test_watch_checks_again_on_each_save_and_leaves_nothing_behind(labs):
         until(r"not checked: overlap_math.py:1: ")
         until(rf"watch: {LAB} does not compile; waiting for a save")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        assert proc.wait(90) == 0          # a bound, not a figure: the watcher's ranks stop too
         until(r"watch: left")
     finally:
         if proc.poll() is None:

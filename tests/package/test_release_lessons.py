@@ -185,6 +185,23 @@ def test_a_lesson_runs_in_the_release_showing_the_recorded_reference(lesson, mad
     print(f"{lesson}: {seconds:.1f} s in the release, {len(recorded['cells'])} cells recorded")
 
 
+OWN_LESSONS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py")
+                     if str(p.relative_to(ROOT)) not in {s["lesson"] for s in ALL_STANDING_IN})
+
+
+@pytest.mark.skipif(not EVERY_LESSON, reason="every lesson: WORKBOOK_RELEASE_EVERY_LESSON=1 "
+                    "(lessons 0-3 never use the reference; the test command runs them in the "
+                    "course, test_notebooks.py / test_browser.py)")
+@pytest.mark.parametrize("lesson", OWN_LESSONS, ids=lambda p: p[8:-3])
+def test_a_lesson_that_never_uses_the_reference_runs_in_the_release(lesson, made, monkeypatch):
+    _in_release(monkeypatch, made)
+    outputs, seconds = _run(made, lesson)
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    assert not errors, f"{lesson}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+    assert "recorded from the reference" not in _printed(outputs)
+    print(f"{lesson}: {seconds:.1f} s in the release, nothing recorded")
+
+
 def test_a_finished_lab_runs_its_lesson_live_in_the_release(made, tmp_path, monkeypatch):
     """Lesson 5 with a finished ``labs/sp.py``: nothing recorded is shown, no cell needs the
     reference."""

@@ -15,22 +15,23 @@ REPORT_OPTIONS = dict(hidden=256, layers=4, seq=256, rows=1, micro_batches=8, he
                       run=["1f1b", "interleaved_v2", "zb_h1", "zbv", "no_comm"])
 
 
-def run(trace_dir=None, impl=None) -> dict:
+def run(trace_dir=None, impl=None, options=None) -> dict:
     """On every rank, after ``workbook run pp_schedules`` passed: one traced step of each
-    schedule on the learner's executor (the bench's rank side, small), its figures and, on rank
-    0, the schedules played."""
+    schedule on the learner's executor (the bench's rank side, small: ``REPORT_OPTIONS``, or
+    ``options``), its figures and, on rank 0, the schedules played and the options."""
     import tempfile
 
     import torch.distributed as dist
 
     from workbook.pipeline_parallel import pp_schedules_bench as bench
-    o = dict(REPORT_OPTIONS, impl=impl)
+    o = dict(options or REPORT_OPTIONS, impl=impl)
     with tempfile.TemporaryDirectory(prefix="pp-schedules-report-") as tmp:
         out = bench._rank_bench(o, str(trace_dir or tmp))
     p, m = dist.get_world_size(), o["micro_batches"]
     lab = bench.load_schedules_lab(impl)
     out["schedules"] = ({name: bench.variant_schedules(lab, name, p, m) for name in o["run"]}
                         if dist.get_rank() == 0 else None)
+    out["micro_batches"] = m
     return out
 
 
@@ -43,7 +44,7 @@ def describe(results: list[dict]) -> str:
     names = REPORT_OPTIONS["run"]
     rows = {name: bench.combine([q["variants"][name] for q in per]) for name in names}
     schedules = results[0]["schedules"]
-    p, m = len(results), REPORT_OPTIONS["micro_batches"]
+    p, m = len(results), results[0]["micro_batches"]
     paper_rows(rows, schedules, p, m, per[0]["t_p2p_ms"])
     opt = rows["no_comm"]["step_ms"]
     lines = [f"  your schedules on your executor, {p} ranks, {m} micro-batches "
