@@ -206,13 +206,22 @@ print("shown below:", {v: "yours" if i == "labs" else "the REFERENCE" for v, i i
 # between, and hides the dispatch's backward too (tasks 6–9).
 #
 # What hides is at most the shared expert's time; the rest of the transfer is exposed, the rank
-# waiting at the wait. **Predict**: for a dispatch across two DGX-H100 nodes (EP 16, $E = 64$,
-# $k = 8$, 1024 tokens a rank, $H = 4096$), how wide must the shared expert be for the dispatch
-# to hide completely? The cell prints both sides; the exposed part is yours to work out.
+# waiting at the wait. **Predict**: $E = 64$, $k = 8$, 1024 tokens a rank, $H = 4096$, skew 1:
+# does a shared expert as wide as the model ($1H$) hide the dispatch inside one DGX-H100 node
+# (EP 8)? Across two nodes (EP 16), how wide must it be? The cell prints both sides, at the real
+# machine's speed; the exposed part is yours to work out.
 
 # %%
-routed16 = lesson.routing(64, 8, 1024, 16, skew=1.0)
-lesson.shared_vs_dispatch(lesson.sent_rows(routed16["counts"], 16), 1024, 4096, widths=(1, 2, 4))
+for ep in (8, 16):
+    routed_ep = lesson.routing(64, 8, 1024, ep, skew=1.0)
+    lesson.shared_vs_dispatch(lesson.sent_rows(routed_ep["counts"], ep), 1024, 4096,
+                              widths=(1, 2, 4))
+
+# %% [markdown]
+# Inside a node a shared expert a little wider than the model covers the dispatch; once the
+# dispatch leaves the node, each GPU's network card is 18 times slower than its NVLink and no
+# reasonable shared expert covers it. That is one reason DeepSeek-V3 sends each token to experts
+# on at most 4 nodes, and why the next two ideas look for more work to hide behind.
 
 # %% [markdown]
 # ## 6. Deferred weight gradients
@@ -282,7 +291,8 @@ ranks.hidden_table(main)
 # The two-micro-batch step, both ranks. On each compute row a bar per action (A blue, B green,
 # the backward paler); on each link row the all-to-alls while the link carried them, red from the
 # moment the rank waited. The counts' exchange is small but pays the link's whole latency, and
-# the router waits for it: it hides behind nothing here.
+# the router waits for it: it hides behind nothing here. Look for B's counts, too: the link
+# carries one all-to-all at a time, so they queue behind A's dispatch.
 
 # %%
 whose = "your" if IMPL["two_batch"] == "labs" else "the REFERENCE"

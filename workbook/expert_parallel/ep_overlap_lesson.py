@@ -304,7 +304,9 @@ def shared_vs_dispatch(rows, tokens: int, hidden: int, widths=(1, 2, 4), preset:
     ep = len(rows)
     lk = real_link(preset, ep)
     t = a2a_costs(lk, rows, hidden * itemsize)["uneven"]
-    print(f"dispatch on {preset}, H={hidden}, {itemsize}-byte activations: {t * 1e3:.1f} us")
+    where = "across nodes of 8" if ep > 8 else "inside one node"
+    print(f"EP {ep} ({where}): dispatch on {preset}, H={hidden}, {itemsize}-byte activations: "
+          f"{t * 1e3:.1f} us")
     for w in widths:
         s = mlp_ms(tokens, hidden, w * hidden, lk.local_flops)
         print(f"  shared expert {w}H wide on {tokens} tokens at {lk.local_flops / 1e12:.0f} "
