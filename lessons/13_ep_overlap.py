@@ -144,15 +144,21 @@ lesson.regroup_on_paper(recv_counts_rank0)
 
 # %%
 rows = lesson.sent_rows(routed["counts"], RANKS)
-costs = lesson.a2a_costs(lesson.real_link("dgx-h100", RANKS), rows, 4096 * 2)
+nvlink = lesson.real_link("dgx-h100", RANKS)
+costs = lesson.a2a_costs(nvlink, rows, 4096 * 2)
+alpha_us, uneven_us, balanced_us = nvlink.latency_s * 1e6, costs["uneven"] * 1e3, \
+    costs["balanced"] * 1e3
 print(f"rows [sender][receiver]: {rows}")
-print(f"dispatch: {costs['uneven'] * 1e3:.2f} us; the same bytes balanced: "
-      f"{costs['balanced'] * 1e3:.2f} us ({costs['uneven'] / costs['balanced']:.2f}x)")
+print(f"dispatch: {uneven_us:.2f} us = alpha {alpha_us:.2f} us + {uneven_us - alpha_us:.2f} us "
+      f"for the busiest port's bytes")
+print(f"the same bytes balanced: {balanced_us:.2f} us = alpha + {balanced_us - alpha_us:.2f} us "
+      f"(the routed bytes' part: {(uneven_us - alpha_us) / (balanced_us - alpha_us):.2f}x that)")
 lesson.busiest_figure(costs, "bytes each rank sends and receives in the dispatch of section 1 "
                              "(H = 4096, bf16)")
 
 # %% [markdown]
-# Two ranks show the idea, not the scale. Play with the router and the machine below: the experts,
+# At 64 tokens a rank the latency is most of it; the bytes' part grows with the tokens, and so
+# does what the imbalance costs. Two ranks show the idea, not the scale. Play with the router and the machine below: the experts,
 # $k$, the skew, the EP size (beyond 8 ranks a node, the dispatch crosses the network, 18 times
 # slower per GPU than NVLink) and the tokens a rank. **Think it through**: at skew 0, why is the
 # dispatch still slower than the balanced figure (look at the heatmap's spread)? Why does a
