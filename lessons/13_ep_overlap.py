@@ -247,9 +247,9 @@ lesson.deferred_demo()
 # %% [markdown]
 # ## 7. Two micro-batches against each other
 #
-# The shared expert hides only the dispatch, and only as much as it lasts. DeepSeek-V3 (section
-# 3.2.2, DualPipe; and the two-micro-batch overlap of its inference, section 3.4) hides every
-# all-to-all behind *other work*: cut a rank's tokens into micro-batches A and B, and while A's
+# The shared expert hides only the dispatch, and only as much as it lasts. DeepSeek-V3 (DualPipe
+# in training; in serving, the two micro-batches of its prefilling stage) hides every all-to-all
+# behind *other work*: cut a rank's tokens into micro-batches A and B, and while A's
 # tokens travel, B computes, and the other way round. Each micro-batch's layer is a chain of
 # actions (`workbook/expert_parallel/two_batch.py`): forward, `compute router` (with the shared
 # expert and the counts), `start dispatch`, `wait dispatch`, `compute experts`, `start combine`,
@@ -257,20 +257,24 @@ lesson.deferred_demo()
 # order every dependency allows.
 #
 # **Think it through** (task 12): play the two chains one after the other (A, then B) on paper
-# below: every transfer is waited for as soon as it starts. Where could B's `compute router` go so
-# that A's dispatch travels behind it? Then A's `compute experts` behind B's dispatch? How many
-# transfers of the forward pass can be hidden at all, and why not the last one (in one layer;
+# below: every transfer is waited for as soon as it starts. Which of B's computes could run while
+# A's dispatch travels, and which of A's while B's travels? How many transfers of the forward pass
+# can be hidden at all, and why not the last one (in one layer;
 # the next layer's work hides it in a model)? The given `check_schedule` rejects a schedule that
-# waits while a compute was ready; once yours passes, it is drawn beside the naive order.
+# waits while a compute was ready; once yours passes, it is drawn beside the naive order. Then the
+# backward pass, whose chains run the other way: which of its transfers has nothing to hide
+# behind?
 
 # %%
 paper_costs = {"router": 1.0, "experts": 2.0, "transfer": 1.5}
-drawn = {"A, then B": list(layer_actions("forward"))}
-yours = lesson.schedule_or_none(mine, "forward")
-if yours:
-    drawn["yours"] = yours
-lesson.paper_figure(drawn, paper_costs, "the forward pass on paper: router 1, experts 2, "
-                                        "a transfer 1.5")
+drawn = {}
+for phase in ("forward", "backward"):
+    drawn[f"{phase}, A then B"] = list(layer_actions(phase))
+    yours = lesson.schedule_or_none(mine, phase)
+    if yours:
+        drawn[f"{phase}, yours"] = yours
+lesson.paper_figure(drawn, paper_costs, "on paper: router 1, experts 2, a transfer 1.5 "
+                                        "(the same costs in both passes)")
 
 # %% [markdown]
 # On ranks, autograd cannot follow such an order: one `backward()` runs the whole graph in an
