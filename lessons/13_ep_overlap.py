@@ -158,9 +158,9 @@ lesson.busiest_figure(costs, "bytes each rank sends and receives in the dispatch
 
 # %% [markdown]
 # At 64 tokens a rank the latency is most of it; the bytes' part grows with the tokens, and so
-# does what the imbalance costs. Two ranks show the idea, not the scale. Play with the router and the machine below: the experts,
-# $k$, the skew, the EP size (beyond 8 ranks a node, the dispatch crosses the network, 18 times
-# slower per GPU than NVLink) and the tokens a rank. **Think it through**: at skew 0, why is the
+# does what the imbalance costs. Two ranks show the idea, not the scale. Play with the router and
+# the machine below: the experts, $k$, the skew, the EP size (beyond 8 ranks a node, the dispatch
+# crosses the network, 18 times slower per GPU than NVLink) and the tokens a rank. **Think it through**: at skew 0, why is the
 # dispatch still slower than the balanced figure (look at the heatmap's spread)? Why does a
 # capacity factor, which drops the assignments past an expert's budget, bound the dispatch's
 # time, and what does it cost the model?

@@ -39,9 +39,9 @@ A_COLOR, B_COLOR = colors.COMPUTE, colors.MEMCPY            # micro-batch A, mic
 def tilted_logits(tokens: int, num_experts: int, skew: float, seed: int = 0) -> torch.Tensor:
     """Router logits ``[tokens, E]``: standard normal per token (a random router on random
     tokens), plus a tilt that lowers expert e's logit by ``skew * e / (E - 1)`` (0: balanced)."""
-    gen = torch.Generator().manual_seed(seed)
-    tilt = -skew * torch.arange(num_experts, dtype=torch.float64) / max(num_experts - 1, 1)
-    return torch.randn(tokens, num_experts, generator=gen, dtype=torch.float64) + tilt
+    gen = torch.Generator().manual_seed(seed)                # fp32: the explorer's 64k x 256
+    tilt = -skew * torch.arange(num_experts, dtype=torch.float32) / max(num_experts - 1, 1)
+    return torch.randn(tokens, num_experts, generator=gen) + tilt
 
 
 def routing(num_experts: int, top_k: int, tokens_per_rank: int, ep: int, skew: float = 0.0,
