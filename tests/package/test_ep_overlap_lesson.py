@@ -165,3 +165,14 @@ def test_the_models_value_is_shown_only_beside_a_prediction(traced, capsys):
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines()
             if ln.lstrip().startswith("rank")]
     assert len(rows) == 2 and all(r[-3] == "1.5" and r[-2] != "-" for r in rows)
+
+
+def test_a_variant_that_raises_is_shown_not_raised(capsys):
+    broken = [{"variants": {"two_batch": {"impl": "labs", "error": "ValueError: nope"}}}] * 2
+    assert ranks.failed(broken, "two_batch") == "rank 0: ValueError: nope"
+    assert ranks.rank_timeline(broken, "two_batch", "t") is None
+    ranks.hidden_table(broken)
+    ranks.prediction_table([{"variants": {"shared_narrow": broken[0]["variants"]["two_batch"]}}],
+                           types.SimpleNamespace(), None)
+    out = capsys.readouterr().out
+    assert out.count("did not run: rank 0: ValueError: nope") == 3

@@ -39,6 +39,14 @@ def layer_fn(lab, variant: str, layer):
     return lambda x: call(layer, x)
 
 
+def reference_here() -> bool:
+    """Does this copy of the course hold the reference (``solutions/``)? A student release does
+    not: there the lesson runs your lab once every task is written (and shows the reference's
+    recorded outputs before)."""
+    from workbook.grading.labs import repo_root
+    return (repo_root() / "solutions").is_dir()
+
+
 def _case(ep: int, tokens: int, hidden: int, dtype, widths, top_k: int = K, seed: int = 0):
     from workbook.model import ModelConfig, MoEConfig
     cfg = ModelConfig(style="gpt", dtype=str(dtype).split(".")[-1], hidden=hidden, heads=2,
@@ -118,9 +126,24 @@ def ep_step(run_dir: str, impls: dict, narrow: int | None = None) -> dict:
     """On every rank: recalibrate the link; per variant of ``impls`` (variant -> ``"labs"`` or
     ``"solutions"``) a small warm-up step, then a traced one (``run_dir/VARIANT``) at the
     grader's shape; with ``narrow``, also ``shared_overlap`` with its shared expert ``narrow``
-    wide (under ``"shared_narrow"``). Per variant, in ms
-    since the traced step began: each pass's end, the two-micro-batch actions, the shared
-    expert's forward, the all-to-alls, each pass's hidden share (the trace)."""
+    wide (under ``"shared_narrow"``). Per variant, in ms since the traced step began: each pass's
+    end, the two-micro-batch actions, the shared expert's forward, the all-to-alls, each pass's
+    hidden share (the trace); or ``{"impl", "error"}`` where the lab raised."""
+    from workbook.measure.calibration import recalibrate
+    out = {"local_flops": recalibrate(PRESET), "variants": {}}
+    todo = [(v, v, impl, WIDTHS[0]) for v, impl in impls.items()]
+    if narrow:
+        todo.append(("shared_narrow", "shared_overlap", impls["shared_overlap"], narrow))
+    for name, variant, impl, width in todo:
+        try:
+            out["variants"][name] = {"impl": impl, **_traced(run_dir, name, variant, impl, width)}
+        except Exception as exc:                 # noqa: BLE001 - shown, not raised
+            out["variants"][name] = {"impl": impl, "error": lf.verdict_of(exc)}
+    return out
+
+
+def _traced(run_dir: str, name: str, variant: str, impl: str, width: int) -> dict:
+    """``ep_step``'s run of one variant on this rank (its docstring)."""
     from pathlib import Path
 
     import torch.distributed as dist
@@ -128,47 +151,45 @@ def ep_step(run_dir: str, impls: dict, narrow: int | None = None) -> dict:
     from workbook import link, trace
     from workbook.expert_parallel import local_moe, rank_rows
     from workbook.grading.labs import load_lab
-    from workbook.measure.calibration import recalibrate
     from workbook.trace.capture import rank_trace
     rank, ep = dist.get_rank(), dist.get_world_size()
-    out = {"local_flops": recalibrate(PRESET), "variants": {}}
-    todo = [(v, v, impl, WIDTHS[0]) for v, impl in impls.items()]
-    if narrow:
-        todo.append(("shared_narrow", "shared_overlap", impls["shared_overlap"], narrow))
-    for name, variant, impl, width in todo:
-        cfg, moe, x, g = _case(ep, TOKENS, HIDDEN, torch.float32, (width, WIDTHS[1]))
-        rows = rank_rows(x.shape[0], rank, ep)
-        lab, layer = load_lab("ep_overlap", impl), local_moe(cfg, moe, rank, ep)
-        xr = x[rows][:WARM_UP_TOKENS].clone().requires_grad_()          # warm-up: the code
-        layer_fn(lab, variant, layer)(xr).backward(g[rows][:WARM_UP_TOKENS])   # paths, cheaply
-        fn, actions, shared = layer_fn(lab, variant, layer), [], []
-        if variant == "two_batch":
-            _spy_actions(fn, actions)
-        hooks = [layer.shared.register_forward_pre_hook(lambda *_: shared.append(lf.ms_now())),
-                 layer.shared.register_forward_hook(lambda *_: shared.append(lf.ms_now()))]
-        xr = x[rows].clone().requires_grad_()
-        dist.barrier()
-        since, t0 = len(link.op_log()), lf.ms_now()
-        try:
-            with rank_trace(Path(run_dir) / name, lab="ep_overlap"):
-                with torch.profiler.record_function("forward"):
-                    y = fn(xr)
-                t1 = lf.ms_now()
-                with torch.profiler.record_function("backward"):
-                    y.backward(g[rows])
-                t2 = lf.ms_now()
-        finally:
-            for h in hooks:
-                h.remove()
-        t = trace.load_trace(Path(run_dir) / name / f"rank{rank}.trace.json")
-        out["variants"][name] = {
-            "impl": impl, "forward_end": t1 - t0, "end": t2 - t0,
+    cfg, moe, x, g = _case(ep, TOKENS, HIDDEN, torch.float32, (width, WIDTHS[1]))
+    rows = rank_rows(x.shape[0], rank, ep)
+    lab, layer = load_lab("ep_overlap", impl), local_moe(cfg, moe, rank, ep)
+    xr = x[rows][:WARM_UP_TOKENS].clone().requires_grad_()              # warm-up: the code
+    layer_fn(lab, variant, layer)(xr).backward(g[rows][:WARM_UP_TOKENS])       # paths, cheaply
+    fn, actions, shared = layer_fn(lab, variant, layer), [], []
+    if variant == "two_batch":
+        _spy_actions(fn, actions)
+    hooks = [layer.shared.register_forward_pre_hook(lambda *_: shared.append(lf.ms_now())),
+             layer.shared.register_forward_hook(lambda *_: shared.append(lf.ms_now()))]
+    xr = x[rows].clone().requires_grad_()
+    dist.barrier()
+    since, t0 = len(link.op_log()), lf.ms_now()
+    try:
+        with rank_trace(Path(run_dir) / name, lab="ep_overlap"):
+            with torch.profiler.record_function("forward"):
+                y = fn(xr)
+            t1 = lf.ms_now()
+            with torch.profiler.record_function("backward"):
+                y.backward(g[rows])
+            t2 = lf.ms_now()
+    finally:
+        for h in hooks:
+            h.remove()
+    t = trace.load_trace(Path(run_dir) / name / f"rank{rank}.trace.json")
+    return {"forward_end": t1 - t0, "end": t2 - t0,
             "actions": [(p, k, mb, s, a - t0, b - t0) for p, k, mb, s, a, b in actions],
             "shared": [(shared[i] - t0, shared[i + 1] - t0) for i in range(0, len(shared) - 1, 2)],
             "ops": _all_to_alls(since, t0),
             "hidden": {ph: lf.overlap_summary(trace.overlap(t, within=ph))
                        for ph in ("forward", "backward")}}
-    return out
+
+
+def failed(results: list, variant: str) -> str | None:
+    """The first rank's error for ``variant``, or None when every rank ran it."""
+    return next((f"rank {r}: {res['variants'][variant]['error']}" for r, res in enumerate(results)
+                 if "error" in res["variants"][variant]), None)
 
 
 # --------------------------------------------------------------------------- drawn from ranks
@@ -177,6 +198,9 @@ def rank_timeline(results: list, variant: str, title: str):
     blue, B green; the backward's paler), on each link row every all-to-all while the link
     carried it (red from the moment the rank waited for it)."""
     import plotly.graph_objects as go
+    if failed(results, variant):
+        print(f"{variant} did not run: {failed(results, variant)}")
+        return None
     fig, order = go.Figure(), []
     for r, res in enumerate(results):
         v = res["variants"][variant]
@@ -215,6 +239,9 @@ def hidden_table(results: list) -> None:
     print(f"{'variant':16s}{'whose':>11}{'step ms':>9}{'pass':>10}{'link ms':>9}{'hidden %':>10}"
           f"{'exposed ms':>12}")
     for variant in results[0]["variants"]:
+        if failed(results, variant):
+            print(f"{variant:16s}  did not run: {failed(results, variant)}")
+            continue
         per = [res["variants"][variant] for res in results]
         step = max(v["end"] for v in per)
         for phase in ("forward", "backward"):
@@ -245,6 +272,9 @@ def prediction_table(results: list, mine, sim, variant: str = "shared_narrow") -
     exposed dispatch measured in the shared-expert step; ``t_shared`` is the shared expert's
     forward as the rank measured it."""
     from workbook.grading.predictions import comparison_lines
+    if failed(results, variant):
+        print(f"{variant} did not run: {failed(results, variant)}")
+        return
     rows, missing = [], None
     for r, res in enumerate(results):
         v = res["variants"][variant]
