@@ -285,12 +285,14 @@ lesson.paper_figure(drawn, paper_costs, "on paper: router 1, experts 2, a transf
 #
 # **Predict** before you run the next cell, for 2 ranks on the simulated DGX-H100 link (256 tokens
 # of width 256 a rank, $E = 4$, $k = 1$, a shared expert $16H$ wide, each expert $8H$): the plain
-# layer (`ep_moe`) waits for all of its all-to-alls. Which of the two overlaps hides more of the
-# forward pass's link time, the shared expert or two micro-batches, and which of the backward's?
-# Each variant takes a warm-up step, then a traced one.
+# layer (`ep_moe`) waits for all of its all-to-alls. Which overlap hides more of the forward
+# pass's link time, the shared expert or two micro-batches? And of the backward's, where the
+# deferred weight gradients (section 6) join in? Each variant takes a small warm-up step, then
+# a traced one; per pass, the table gives a rank's all-to-all link time and exposed time (the
+# mean of the two ranks) and the share hidden.
 
 # %%
-run_impls = {v: IMPL[v] for v in ("ep_moe", "shared_overlap", "two_batch")}
+run_impls = dict(IMPL)                  # every variant: yours where it runs, else the reference
 main = on_ranks(ranks.ep_step, RANKS, str(runs), run_impls, 4 * ranks.HIDDEN, link="dgx-h100",
                 timeout=240)
 sim = link.make_link("dgx-h100", main[0]["local_flops"])             # as the ranks calibrated it

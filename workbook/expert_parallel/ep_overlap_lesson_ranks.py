@@ -234,8 +234,9 @@ def rank_timeline(results: list, variant: str, title: str):
 
 
 def hidden_table(results: list) -> None:
-    """Per variant and pass (the slower rank's step): the all-to-all link time, the share hidden
-    (skew counted as hidden, as the grader does) and the exposed time, both ranks."""
+    """Per variant and pass: the slower rank's step, a rank's all-to-all link time and exposed
+    time (the ranks' mean; a late peer's skew counted as hidden, as the grader does) and the
+    share hidden."""
     print(f"{'variant':16s}{'whose':>11}{'step ms':>9}{'pass':>10}{'link ms':>9}{'hidden %':>10}"
           f"{'exposed ms':>12}")
     for variant in results[0]["variants"]:
