@@ -314,12 +314,12 @@ ranks.rank_timeline(main, "two_batch", f"{whose} TwoBatchMoE, 2 ranks — {label
 # %% [markdown]
 # Read it from the left: while A's dispatch travels, B's router runs; while B's travels, A's
 # experts. In the backward, both combines' gradients leave first, and the experts' backward of one
-# micro-batch covers the other's transfer. On a 2-core CPU the hidden share stays below the issue's
-# target of 70 % (`workbook bench ep_overlap` measures it): the counts' exchanges, each a full
-# latency, hide behind nothing, and the two ranks share the machine's two cores with the copies
-# gloo makes. In a model with many layers, each layer's last transfer hides behind the next
-# layer's first compute; DualPipe goes further and overlaps one micro-batch's forward with another's
-# backward.
+# micro-batch covers the other's transfer. The forward pass hides far less than the backward: the
+# counts' exchanges, each a full latency, hide behind nothing, nor does the last combine, and the
+# two ranks share this machine's two cores with the copies gloo makes (`workbook bench
+# ep_overlap` measures every variant at more sizes). In a model with many layers, each layer's
+# last transfer hides behind the next layer's first compute; DualPipe goes further and overlaps
+# one micro-batch's forward with another's backward.
 #
 # ## 8. Predict, then measure
 #
@@ -332,8 +332,9 @@ ranks.rank_timeline(main, "two_batch", f"{whose} TwoBatchMoE, 2 ranks — {label
 #
 # To make it worth predicting, the run of section 7 took one more step of the shared-expert
 # overlap with the shared expert narrowed to $4H$, so that the dispatch outlasts it. Each rank's
-# prediction takes the rows it sent and the shared expert's time it measured, beside the exposed
-# dispatch in its trace (from the first wait to the transfer's modelled end).
+# prediction takes the dispatch's rows (sender by receiver, as the link logged them) and the
+# shared expert's time that rank measured; beside it, the exposed dispatch in the rank's trace
+# (from its first wait to the transfer's modelled end).
 
 # %%
 print(f"the shared expert 4H wide; {label}")
