@@ -265,6 +265,12 @@ lesson.deferred_demo()
 # waits while a compute was ready; once yours passes, it is drawn beside the naive order. Then the
 # backward pass, whose chains run the other way: which of its transfers has nothing to hide
 # behind?
+#
+# Several orders pass that check; the lab asks for the one a simple rule (list scheduling) gives,
+# applied action by action: *start a transfer as soon as it can go; otherwise run a compute that is
+# ready, A's before B's; only when nothing is left to compute, wait, for the transfer that started
+# first.* With deferred weight gradients, a micro-batch's `compute wgrad` (which nobody waits for)
+# goes just before the wait for its own dispatch's backward, the transfer it is there to hide.
 
 # %%
 paper_costs = {"router": 1.0, "experts": 2.0, "transfer": 1.5}
