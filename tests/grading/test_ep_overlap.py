@@ -285,7 +285,7 @@ def _run_numbers() -> dict:
                 out[variant, c] = {
                     "y": y.detach(), "gx": xr.grad,
                     "grads": {n: p.grad for n, p in layer.named_parameters()},
-                    "aux": None if aux is None else float(aux)}
+                    "aux": None if aux is None else float(aux.detach())}
             except Exception as exc:                  # noqa: BLE001 - judged by the test
                 out[variant, c] = rank_error(exc)
     return to_cpu(out)
