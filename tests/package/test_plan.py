@@ -13,9 +13,9 @@ import pytest
 
 from workbook.capstone.plan import bubble_fraction, fit_efficiency, predict
 from workbook.capstone.plan_comm import comm_times, groups
-from workbook.capstone.plan_flops import (layer_params, model_flops_per_token, total_params)
+from workbook.capstone.plan_flops import layer_params, model_flops_per_token, total_params
 from workbook.capstone.plan_memory import (activation_bytes_per_layer, chunks_in_flight,
-                                           memory_per_gpu, state_bytes)
+                                           state_bytes)
 from workbook.capstone.plan_shapes import (MODELS, Cluster, Model, PlanError, Split, parse_count,
                                            resolve)
 from workbook.cli import main

@@ -4,8 +4,10 @@ One GPU computes at ``R = efficiency x peak``. Per layer and micro-batch of ``b`
 (``T = b s / CP`` tokens on a GPU; ``plan_flops`` for the counts)::
 
     t_lin = 2 T P_layer / (TP R)          the GEMMs, forward
-    t_att = 2 b s^2 h / (2 CP TP R) x 2   causal attention, forward (its share on one CP rank)
-    forward = t_lin + t_att,  backward = 2 x forward   (+ what ``recompute`` runs again)
+    t_att = 2 b s^2 h / (CP TP R)         causal attention's two products, forward: one CP
+                                          rank's share (the zig-zag split balances it)
+    forward = t_lin + t_att,  backward = 2 x forward   (+ what ``recompute`` runs again: the
+    MLP's GEMMs for ``selective``, the whole forward and its TP/CP traffic for ``full``)
 
 Each communication (``plan_comm``) is exposed whole when its overlap is off; when on, it hides
 behind the compute lab ``overlap_math`` pairs it with, and only the excess shows:

@@ -89,7 +89,8 @@ def build(args) -> tuple[Model, Cluster, Split]:
         raise PlanError(f"--link must be a real link preset: choose one of {', '.join(PRESETS)}")
     fields = dict(MODELS.get(args.model, {}))
     fields.update({k: getattr(args, k) for k in MODEL_FIELDS if getattr(args, k) is not None})
-    missing = [f"--{k.replace('_', '-')}" for k in MODEL_FIELDS if k not in fields and k != "kv_heads"]
+    missing = [f"--{k.replace('_', '-')}" for k in MODEL_FIELDS
+               if k not in fields and k != "kv_heads"]
     if missing:
         raise PlanError(f"the model needs {', '.join(missing)} (or --model "
                         f"{'|'.join(sorted(MODELS))})")
@@ -103,7 +104,8 @@ def build(args) -> tuple[Model, Cluster, Split]:
             raise PlanError("give the global batch once: --global-batch or --global-batch-tokens")
         if args.global_batch_tokens % model.seq:
             raise PlanError(f"--global-batch-tokens {args.global_batch_tokens} is not a whole "
-                            f"number of {model.seq}-token sequences: it must be a multiple of --seq")
+                            f"number of {model.seq}-token sequences: it must be a multiple of "
+                            f"--seq")
         batch = args.global_batch_tokens // model.seq
     split = Split(args.tp, args.cp, args.pp, args.dp or 0, args.micro_batch, batch or 0,
                   args.virtual_stages, args.overlap, args.zero, args.recompute,
@@ -121,7 +123,8 @@ def run(args) -> int:
         if args.search:
             raise PlanError("--fit-tflops fits one split: run it without --search, then pass "
                             "--efficiency to the search")
-        cluster = replace(cluster, efficiency=fit_efficiency(model, cluster, split, args.fit_tflops))
+        fitted = fit_efficiency(model, cluster, split, args.fit_tflops)
+        cluster = replace(cluster, efficiency=fitted)
     head = {"model": {"seq": model.seq, "params": total_params(model),
                       **{k: getattr(model, k) for k in MODEL_FIELDS}},
             "cluster": {"link": cluster.link, "nodes": cluster.nodes, "gpus": cluster.gpus,

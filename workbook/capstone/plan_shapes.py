@@ -89,7 +89,7 @@ class Split:
     global_batch: int = 0                 # sequences; 0: one micro-batch per DP replica
     virtual: int = 1                      # virtual pipeline stages (chunks) per GPU
     overlaps: frozenset = field(default_factory=lambda: frozenset(OVERLAPS))
-    zero: int = 1                         # 0 plain DP, 1 distributed optimizer, 2 + grads, 3 + params
+    zero: int = 1                         # 0 plain DP, 1 optimizer sharded, 2 + grads, 3 + params
     recompute: str = "none"
     embedding_as_layer: bool = False      # the input embedding takes a layer's place in PP
     loss_as_layer: bool = False           # the output head and loss take a layer's place in PP
