@@ -52,9 +52,9 @@ from workbook.expert_parallel import (
 def exchange_counts(counts: torch.Tensor, group=None) -> torch.Tensor:
     """Tell every rank how many rows it will receive from this rank, for each of its experts.
 
-    Lesson 13, section 2 ("Dispatch and combine"). ``counts [E]`` (long): the rows this rank sends to each
-    expert. Returns a long tensor ``[n, E/n]`` (n ranks in the group): row s holds what rank s
-    sends to each of this rank's experts, in expert order. One collective, on the group."""
+    Lesson 13, section 2 ("Dispatch and combine"). ``counts [E]`` (long): the rows this rank sends
+    to each expert. Returns a long tensor ``[n, E/n]`` (n ranks in the group): row s holds what
+    rank s sends to each of this rank's experts, in expert order. One collective, on the group."""
     ### BEGIN SOLUTION
     ### hint 1: the counts for rank d's experts are exactly the d-th equal piece of counts, so one even all-to-all delivers them (lesson 13, section 2, "Dispatch and combine").
     ### hint 2: send piece d of counts to rank d and receive one piece from every rank into a buffer of the same size; then view the buffer as one row per source rank.
@@ -105,11 +105,11 @@ def dispatch(x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor, num_exp
              group=None) -> tuple[torch.Tensor, DispatchPlan]:
     """Send this rank's kept assignments to the ranks of their experts.
 
-    Lesson 13, section 2 ("Dispatch and combine"). ``x [T, H]`` this rank's tokens, ``experts [T, k]`` the
-    router's choices, ``keep [T, k]`` the assignments inside the capacity. Returns the rows this
-    rank's experts must process, expert-major (local expert 0's rows, from every source in rank
-    order, then expert 1's, ...), and the plan its combine needs. Two collectives: the counts,
-    then the rows (uneven splits); dropped assignments never travel."""
+    Lesson 13, section 2 ("Dispatch and combine"). ``x [T, H]`` this rank's tokens,
+    ``experts [T, k]`` the router's choices, ``keep [T, k]`` the assignments inside the capacity.
+    Returns the rows this rank's experts must process, expert-major (local expert 0's rows, from
+    every source in rank order, then expert 1's, ...), and the plan its combine needs. Two
+    collectives: the counts, then the rows (uneven splits); dropped assignments never travel."""
     ### BEGIN SOLUTION
     ### hint 1: the given bookkeeping does the sorting and the regrouping; your part is the two exchanges between them (lesson 13, section 2, "Dispatch and combine").
     ### hint 2: sort the kept assignments by expert; exchange the per-expert counts; the rows to send per rank come from the counts, the rows received per rank from the received counts; send the sorted rows; regroup what arrived expert-major.
@@ -149,7 +149,8 @@ def combine(y: torch.Tensor, weights: torch.Tensor, plan: DispatchPlan, num_toke
 # --------------------------------------------------------------------------- 4. the layer
 def ep_moe(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor:
     """The MoE layer on this rank: ``moe`` is this rank's part (``local_moe``), ``x [..., H]``
-    this rank's tokens. Lesson 13, section 1 ("Routing, and the load it makes"), and sections 2 and 4.
+    this rank's tokens. Lesson 13, section 1 ("Routing, and the load it makes"), and sections
+    2 and 4.
 
     Contract: on every rank the output equals the single-device layer's rows for this rank's
     tokens, with one capacity group per rank (this rank's tokens are one group); so do the
@@ -179,9 +180,9 @@ def prepare_dispatch(x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor,
                      group=None) -> tuple[torch.Tensor, DispatchPlan]:
     """``dispatch`` up to the token exchange: the rows to send and the plan, nothing sent yet.
 
-    Lesson 13, section 5 ("The shared expert behind the dispatch"). Same arguments as ``dispatch``. Returns ``x``'s
-    rows in the order they are sent (``[N, H]``, sorted by expert; their gradient reaches ``x``)
-    and the plan, as ``dispatch``'s. One collective: the counts."""
+    Lesson 13, section 5 ("The shared expert behind the dispatch"). Same arguments as ``dispatch``.
+    Returns ``x``'s rows in the order they are sent (``[N, H]``, sorted by expert; their gradient
+    reaches ``x``) and the plan, as ``dispatch``'s. One collective: the counts."""
     ### BEGIN SOLUTION
     ### hint 1: this is your dispatch with its token all-to-all and its regrouping taken out (lesson 13, section 5, "The shared expert behind the dispatch").
     ### hint 2: sort the kept assignments; exchange the counts; build the plan from the counts sent and received; return the rows in sorted order with it.
@@ -217,8 +218,9 @@ class Pending:
 
 class StartAllToAll(torch.autograd.Function):
     """Applied to rows ``x`` and a ``Pending`` record: issue ``AllToAll``'s exchange of ``x``
-    with the record's splits and return at once, with the buffer it will fill; the handle stays
-    on the record for ``WaitAllToAll``. Lesson 13, section 5 ("The shared expert behind the dispatch").
+    with the record's splits and return at once, with the buffer it will fill; the handle stays on
+    the record for ``WaitAllToAll``.
+    Lesson 13, section 5 ("The shared expert behind the dispatch").
 
     Backward: ``WaitAllToAll``'s backward started the reverse exchange, its buffer and handle on
     the record; wait for it, then pass that buffer on as ``x``'s gradient (the gradient handed to
@@ -250,7 +252,8 @@ class StartAllToAll(torch.autograd.Function):
 
 class WaitAllToAll(torch.autograd.Function):
     """Applied to the buffer ``StartAllToAll`` returned and the same record: wait for the
-    exchange and return the filled buffer (a view). Lesson 13, section 5 ("The shared expert behind the dispatch").
+    exchange and return the filled buffer (a view).
+    Lesson 13, section 5 ("The shared expert behind the dispatch").
 
     Backward: *start* the reverse exchange of the incoming gradient, keep its handle and its
     buffer on the record (``StartAllToAll``'s backward waits) and return the incoming gradient
@@ -283,7 +286,8 @@ class WaitAllToAll(torch.autograd.Function):
 
 def ep_moe_shared_overlap(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor:
     """``ep_moe`` with the shared expert computed while the dispatch's tokens travel, and its
-    backward while the dispatch's backward travels. Lesson 13, section 5 ("The shared expert behind the dispatch").
+    backward while the dispatch's backward travels.
+    Lesson 13, section 5 ("The shared expert behind the dispatch").
 
     Contract: ``ep_moe``'s (the same outputs, gradients and load-balancing loss); ``moe`` must
     have a shared expert (a ``ValueError`` otherwise). On the link, neither the dispatch's
@@ -345,7 +349,8 @@ class AllToAllThenWgrad(torch.autograd.Function):
 
 def ep_moe_deferred_wgrad(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor:
     """``ep_moe`` whose backward computes the experts' weight gradients while the dispatch's
-    backward (the rows' gradients going home) travels. Lesson 13, section 6 ("Deferred weight gradients").
+    backward (the rows' gradients going home) travels.
+    Lesson 13, section 6 ("Deferred weight gradients").
 
     Contract: ``ep_moe``'s (the same outputs, gradients and load-balancing loss); once the
     backward pass returns, every local expert's gradient is in place. On the link, the
@@ -375,13 +380,13 @@ def ep_moe_deferred_wgrad(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor
 def two_batch_schedule(phase: str, deferred_wgrad: bool = False) -> list[tuple]:
     """The order of two micro-batches' actions through the layer in ``phase``, a pure function.
 
-    Lesson 13, section 7 ("Two micro-batches against each other"). Actions are (kind, micro-batch, step) tuples,
-    listed with their dependencies in ``workbook/expert_parallel/two_batch.py``;
-    ``deferred_wgrad`` adds one weight-gradient compute per micro-batch to the backward.
-    Contract: the given schedule check accepts it for ``phase`` and ``deferred_wgrad``: every
-    action once, dependencies first, and no transfer waited on while a compute that does not need
-    it was ready and nothing had run since the transfer started. ``phase``: forward or
-    backward, anything else a ``ValueError``."""
+    Lesson 13, section 7 ("Two micro-batches against each other"). Actions are (kind, micro-batch,
+    step) tuples, listed with their dependencies in ``workbook/expert_parallel/two_batch.py``;
+    ``deferred_wgrad`` adds one weight-gradient compute per micro-batch to the backward. Contract:
+    the given schedule check accepts it for ``phase`` and ``deferred_wgrad``: every action once,
+    dependencies first, and no transfer waited on while a compute that does not need it was ready
+    and nothing had run since the transfer started. ``phase``: forward or backward, anything else a
+    ``ValueError``."""
     ### BEGIN SOLUTION
     ### hint 1: while one micro-batch's tokens travel, the other computes; a wait goes as late as the next compute of the travelling micro-batch; in one layer, one transfer per pass has nothing to hide behind, the last of the forward and the first of the backward (lesson 13, section 7, "Two micro-batches against each other").
     ### hint 2: forward: A computes and starts; B computes (A travels) and starts; A waits and computes (B travels) ... alternate to the end. Backward: both start their combine's backward, then the same alternation; the weight gradients fill a gap after a start.
@@ -412,13 +417,13 @@ class TwoBatchMoE(TwoBatchExecutor):
     and B (the second), run in a schedule's order: built from this rank's part of the layer and
     a group, then called on the tokens.
 
-    Lesson 13, section 7 ("Two micro-batches against each other"). Contract: each micro-batch is its own capacity
-    group, so the result equals the single-device layer with two groups per rank; the output, the
-    input's gradient and the parameters' gradients as in ``ep_moe``'s contract (no auxiliary
-    loss). The given
-    ``TwoBatchExecutor`` (``workbook/expert_parallel/two_batch_executor.py``: read it first)
-    runs your two action methods in the schedules' order, each piece of a micro-batch's layer in
-    an autograd graph of its own, the pieces meeting at leaves across the exchanges."""
+    Lesson 13, section 7 ("Two micro-batches against each other"). Contract: each micro-batch is
+    its own capacity group, so the result equals the single-device layer with two groups per rank;
+    the output, the input's gradient and the parameters' gradients as in ``ep_moe``'s contract (no
+    auxiliary loss). The given ``TwoBatchExecutor``
+    (``workbook/expert_parallel/two_batch_executor.py``: read it first) runs your two action
+    methods in the schedules' order, each piece of a micro-batch's layer in an autograd graph of
+    its own, the pieces meeting at leaves across the exchanges."""
 
     def __init__(self, moe: MoE, group=None, deferred_wgrad: bool = False,
                  forward: list | None = None, backward: list | None = None):

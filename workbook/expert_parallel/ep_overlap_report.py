@@ -82,10 +82,10 @@ def _layer(lab, variant: str, layer):
 
 def run(trace_dir=None, impl=None, options=None) -> dict:
     """On every rank: one traced step of each variant of the learner's layer (after a warm-up
-    with no link), per pass the all-to-all link time, exposed ms and hidden share; the
-    dispatch of the shared-expert variant (its rows per pair, its measured wait) and the shared
-    expert's compute, for the prediction row. ``options``: ``{"tokens", "hidden"}`` to shrink
-    the run."""
+    with no link), per pass the all-to-all link time, exposed ms and hidden share; and, for the
+    prediction row, the dispatch of the shared-expert variant: its rows per pair, the compute
+    the rank ran between its start and its wait (the shared expert), and how long the wait
+    took. ``options``: ``{"tokens", "hidden"}`` to shrink the run."""
     import time
 
     import torch
@@ -96,7 +96,7 @@ def run(trace_dir=None, impl=None, options=None) -> dict:
     from workbook.grading.labs import load_lab
     from workbook.grading.trace_checks import overlap_figures
     from workbook.measure.calibration import recalibrate
-    from workbook.measure.profiled_step import best_time, profiled_step, trace_folder
+    from workbook.measure.profiled_step import profiled_step, trace_folder
     from workbook.model import ModelConfig, MoEConfig
     o = {"tokens": TOKENS, "hidden": HIDDEN, **(options or {})}
     T, H = o["tokens"], o["hidden"]
@@ -114,10 +114,8 @@ def run(trace_dir=None, impl=None, options=None) -> dict:
     if lk is not None:
         recalibrate(lk.preset)                            # the matmul rate now
     lk = link.current_link()
-    xs = x[rows].clone()
-    t_shared = 1e3 * best_time(layers["shared_overlap"].shared, lambda: xs, iters=3)
     out = {"rank": rank, "link": lk.label if lk else None, "link_model": lk, "hidden": H,
-           "t_shared_ms": t_shared, "variants": {}}
+           "variants": {}}
     with trace_folder(trace_dir, "ep_overlap") as root:
         for v, layer in layers.items():
             mark = []
@@ -135,13 +133,12 @@ def run(trace_dir=None, impl=None, options=None) -> dict:
             if v == "shared_overlap":
                 tokens = [r for r in ops if r.op == "all_to_all" and r.issued_ns < mark[0]
                           and r.split_bytes and r.size_bytes != EXPERTS * 8]
-                if tokens:
-                    d = tokens[0]                         # the dispatch: the forward's first
-                    waited = max(d.end_ns, d.arrival_ns) - d.first_wait_ns
-                    out["dispatch"] = {"rows": [[b // (H * ITEMSIZE) for b in r]
-                                                for r in d.split_bytes],
-                                       "exposed_ms": max(0, waited) / 1e6 if d.first_wait_ns
-                                       else None}
+                d = tokens[0] if tokens else None        # the dispatch: the forward's first
+                if d is not None and d.first_wait_ns:
+                    out["dispatch"] = {
+                        "rows": [[b // (H * ITEMSIZE) for b in r] for r in d.split_bytes],
+                        "t_shared_ms": max(0, d.first_wait_ns - d.start_ns) / 1e6,
+                        "exposed_ms": max(0, max(d.end_ns, d.arrival_ns) - d.first_wait_ns) / 1e6}
     return out
 
 
@@ -153,29 +150,30 @@ def _fmt(x, spec="{:.0f}") -> str:
 def prediction_lines(results: list[dict], predict=None) -> list[str]:
     """The prediction row: the learner's ``predict_dispatch_exposed_ms`` (``predict``; by
     default the lab's), the model and the measured wait, with this run's link, dispatch and
-    shared-expert time (means over the ranks). A prediction that raises shows ``-``."""
+    compute between the dispatch's start and its wait (means over the ranks). A prediction that
+    raises shows ``-``."""
     import statistics
 
     from workbook.grading.predictions import comparison_lines
     first = results[0]
-    if first.get("link_model") is None or "dispatch" not in first:
+    if first.get("link_model") is None or any("dispatch" not in r for r in results):
         return ["  prediction: no simulated link (or no dispatch) on this run, nothing to predict"]
     if predict is None:
         from workbook.grading.labs import load_lab
 
         def predict(*args):
             return load_lab("ep_overlap").predict_dispatch_exposed_ms(*args)
-    t_shared = statistics.fmean(r["t_shared_ms"] for r in results)
+    t_shared = statistics.fmean(r["dispatch"]["t_shared_ms"] for r in results)
     args = (first["link_model"], first["dispatch"]["rows"], first["hidden"], ITEMSIZE, t_shared)
     model, _ = dispatch_exposed_model(*args)
     try:
         predicted = float(predict(*args))
     except Exception:                            # noqa: BLE001 - a stub or a bug shows as "-"
         predicted = None
-    waits = [r["dispatch"]["exposed_ms"] for r in results if r.get("dispatch")]
-    measured = statistics.fmean(waits) if waits and None not in waits else None
-    return ([f"  prediction (predict_dispatch_exposed_ms: rows per pair {args[1]}, shared "
-             f"expert {t_shared:.0f} ms, this run's link; measured on the SIMULATED link):"]
+    measured = statistics.fmean(r["dispatch"]["exposed_ms"] for r in results)
+    return ([f"  prediction (predict_dispatch_exposed_ms of ep_moe_shared_overlap's dispatch: "
+             f"rows per pair {args[1]},", f"  {t_shared:.0f} ms of compute between its start "
+             f"and its wait, this run's link; measured on the SIMULATED link):"]
             + comparison_lines([("dispatch exposed", predicted, model, measured)]))
 
 
@@ -185,7 +183,7 @@ def describe(results: list[dict]) -> str:
     import statistics
     first, n = results[0], len(results)
     lines = [f"  your layer, {n} ranks, {TOKENS} tokens of hidden {first['hidden']} per rank, "
-             f"E = {EXPERTS}, top-{TOP_K}, a shared expert ({first['link']}):",
+             f"E = {EXPERTS}, top-{TOP_K}, a shared expert;", f"  {first['link']}:",
              f"  {'variant':<24}{'step ms':>8}{'fwd a2a':>9}{'exposed':>9}{'hid%':>6}"
              f"{'bwd a2a':>9}{'exposed':>9}{'hid%':>6}"]
 
