@@ -67,25 +67,38 @@ def test_every_mistake_is_told_apart_in_some_setting():
     assert len(models) >= 2 and len({round(m, 6) for m in models}) == len(models)
 
 
-def _results_and_rows():
+def _inputs():
     schedules = {"zbv": (torch_order("zbv", 2, 2, 8), 2, TORCH_CLASS["zbv"][1])}
-    results = [{"link_model": LINK, "activation_shape": (1, 16, 32), "micro_batches": 8,
-                "schedules": schedules}] * 2
-    rows = {"zbv": {"step_ms": 1900.0},
-            "no_comm": {"t_f_ms": 50.0, "t_b_ms": 50.0, "t_w_ms": 40.0}}
-    return results, rows
+    rows = {"zbv": {"step_ms": 1900.0, "t_f_ms": 50.0, "t_b_ms": 50.0, "t_w_ms": 40.0},
+            "interleaved_v2": {"step_ms": 2000.0, "t_f_ms": 50.0, "t_b_ms": 90.0, "t_w_ms": None}}
+    return LINK, (1, 16, 32), 8, schedules, rows
 
 
 def test_report_shows_a_stub_prediction_as_a_dash():
-    results, rows = _results_and_rows()
+    link, shape, m, schedules, rows = _inputs()
 
     def stub(*_):
         raise NotImplementedError("not implemented yet: pp_schedules.predict_step_ms")
-    lines = report.prediction_lines(results, rows, predict=stub)
-    assert "100 / 100 / 80 ms" in lines[0]                   # a whole stage's: chunk x 2
-    model, _ = report.step_model("zbv", results[0]["schedules"]["zbv"][0], "v", LINK,
-                                 (1, 16, 32), 4, 100.0, 100.0, 80.0)
+    lines = report.prediction_lines(link, shape, m, schedules, rows, stub)
+    assert "zbv 100 / 100 / 80;" in lines[0]                  # a whole stage's: chunk x 2
+    model, _ = report.step_model("zbv", schedules["zbv"][0], "v", LINK, shape, 4,
+                                 100.0, 100.0, 80.0)
     assert lines[-1].split()[-3:] == ["-", f"{model / 1e3:.3g}", "1.9"]
-    lines = report.prediction_lines(results, rows, predict=lambda *_: 1750.0)
+    assert report.prediction_lines(link, shape, m, schedules, rows, None)[-1] == lines[-1]
+    assert report.whole_stage_costs(rows["interleaved_v2"], 2) == [100.0, 90.0, 90.0]
+    lines = report.prediction_lines(link, shape, m, schedules, rows, lambda *_: 1750.0)
     assert lines[-1].split()[-3:] == ["1.75", f"{model / 1e3:.3g}", "1.9"]
-    assert "nothing to predict" in report.prediction_lines([{"link_model": None}], rows)[0]
+    assert "nothing to predict" in report.prediction_lines(None, shape, m, schedules, rows,
+                                                           None)[0]
+
+
+def test_bench_result_rebuilds_the_link():
+    """Lesson 12's table from a ``pp_schedules_bench.measure`` result: the link from its fields."""
+    import dataclasses
+    link, shape, m, schedules, rows = _inputs()
+    rows["zbv"].update(v=2, placement="v")
+    result = {"options": {"rows": 1, "seq": 16, "hidden": 32, "micro_batches": m},
+              "schedules": {"zbv": schedules["zbv"][0]},
+              "links": {"dgx-h100": {"link": dataclasses.asdict(link), "variants": rows}}}
+    got = report.bench_prediction_lines(result, lambda *_: 1750.0)
+    assert got == report.prediction_lines(link, shape, m, schedules, rows, lambda *_: 1750.0)

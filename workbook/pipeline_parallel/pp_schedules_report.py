@@ -4,8 +4,8 @@ link (the bench's rank side, small), printed beside each schedule's formula and
 ``simulate_chunked`` with the costs the run measured (``pp_schedules_figures``).
 
 The prediction. Then, per schedule, the learner's ``predict_step_ms`` (the lab's prediction task)
-with the link this run used, the activation's shape and a whole stage's compute (no_comm's chunk
-actions x 2: ZBV holds 2 chunks a rank), beside the model's value of the same figure
+with the link this run used, the activation's shape and a whole stage's compute (the schedule's
+own measured chunk actions x v: ``whole_stage_costs``), beside the model's value of the same figure
 (``step_model``: ``simulate_chunked`` of the learner's schedule, each chunk action 1/v of a whole
 stage's compute, the link's alpha-beta time for one activation at every dependency between two
 ranks, none at the V's turn) and the measured step, on the simulated link
@@ -70,7 +70,9 @@ def describe(results: list[dict]) -> str:
                      f"{100 * r['formula']:9.1f}{100 * r['paper']['bubble']:10.1f}")
     lines.append("  (lesson 12, section 7 explains these; `workbook bench pp_schedules` runs the full "
                  "comparison)")
-    return "\n".join(lines + prediction_lines(results, rows))
+    first = results[0]
+    return "\n".join(lines + prediction_lines(first["link_model"], first["activation_shape"], m,
+                                               schedules, rows, _lab_prediction(first["impl"])))
 
 
 # --------------------------------------------------------------------------- the prediction's model
@@ -159,43 +161,72 @@ def step_model(name: str, schedules, placement: str, link, shape, itemsize: int,
     return model, mistakes
 
 
-#: the schedules the report predicts, measured variant -> (the lab's schedule name)
+#: the schedules the report predicts, measured variant -> the lab's schedule name
 PREDICTED = {"1f1b": "interleaved_1f1b", "interleaved_v2": "interleaved_1f1b",
              "zb_h1": "zb_h1", "zbv": "zbv"}
 
 
-def prediction_lines(results: list[dict], rows: dict, predict=None) -> list[str]:
-    """The table: per schedule the run measured, the learner's ``predict_step_ms``
-    (``predict``; by default the lab's under test), the model (``step_model`` of the learner's
-    schedule) and the measured step, in seconds, with the link this run used, the activation's
-    shape and a whole stage's compute from no_comm's chunk actions (ZBV, split: x 2). A
-    prediction that raises (not written yet) shows ``-``."""
-    from workbook.grading.predictions import comparison_lines
-    first = results[0]
-    lk = first.get("link_model")
-    if lk is None:
-        return ["  prediction: no simulated link on this run, nothing to predict"]
-    if predict is None:
-        from workbook.grading.labs import load_lab
+def whole_stage_costs(row: dict, v: int) -> list[float] | None:
+    """A whole stage's F, B, W compute in ms (what ``predict_step_ms`` takes) from a measured
+    row's per-chunk-action means: x v; an unsplit schedule's B holds its W, split here in two
+    halves (an unsplit B costs B + W, so the step does not depend on the split). None when the
+    row has no compute measured."""
+    if row.get("t_f_ms") is None or row.get("t_b_ms") is None:
+        return None
+    if row.get("t_w_ms") is None:
+        return [v * row["t_f_ms"], v * row["t_b_ms"] / 2, v * row["t_b_ms"] / 2]
+    return [v * row[k] for k in ("t_f_ms", "t_b_ms", "t_w_ms")]
 
-        def predict(*args):
-            return load_lab("pp_schedules", first.get("impl")).predict_step_ms(*args)
-    nc = rows["no_comm"]
-    whole = [2 * nc[k] for k in ("t_f_ms", "t_b_ms", "t_w_ms")]      # ZBV: v = 2 chunks a rank
-    p, m, shape = len(results), first["micro_batches"], first["activation_shape"]
-    table = []
+
+def prediction_lines(link, shape, m: int, schedules: dict, rows: dict, predict) -> list[str]:
+    """The table: per variant of ``PREDICTED`` in ``rows`` (the measured rows, ``combine``'s),
+    the learner's ``predict`` (their ``predict_step_ms``; None or one that raises, a stub, shows
+    ``-``), the model (``step_model`` of ``schedules[variant]`` = ``(actions, v, placement)``)
+    and the measured step, in seconds. The inputs: ``link``, the activation ``shape`` (fp32)
+    and the variant's own measured compute (``whole_stage_costs``: the machine's speed drifts
+    between variants, so each is predicted from its own)."""
+    from workbook.grading.predictions import comparison_lines
+    if link is None:
+        return ["  prediction: no simulated link on this run, nothing to predict"]
+    table, used = [], []
     for variant, name in PREDICTED.items():
-        if variant not in rows or variant not in first["schedules"]:
+        if variant not in rows or variant not in schedules:
             continue
-        acts, v, placement = first["schedules"][variant]
-        model, _ = step_model(name, acts, placement, lk, shape, 4, *whole)
+        acts, v, placement = schedules[variant]
+        whole = whole_stage_costs(rows[variant], v)
+        if whole is None:
+            continue
+        model, _ = step_model(name, acts, placement, link, shape, 4, *whole)
         try:
-            predicted = float(predict(lk, name, p, v, m, shape, 4, *whole))
+            predicted = float(predict(link, name, len(acts), v, m, shape, 4, *whole))
         except Exception:                        # noqa: BLE001 - a stub or a bug shows as "-"
             predicted = None
         table.append((f"{variant} (v={v})", None if predicted is None else predicted / 1e3,
                       model / 1e3, rows[variant]["step_ms"] / 1e3))
+        used.append(f"{variant} " + " / ".join(f"{t:.0f}" for t in whole))
+    if not table:
+        return ["  prediction: no schedule's compute measured on this run, nothing to predict"]
     return ([f"  prediction (predict_step_ms with this run's link, shape {tuple(shape)} fp32 and "
-             f"a whole stage's F / B / W {' / '.join(f'{t:.0f}' for t in whole)} ms from "
-             f"no_comm; measured on the SIMULATED link):"]
+             f"each schedule's own measured compute, a whole stage's F / B / W in ms: "
+             f"{'; '.join(used)}; measured on the SIMULATED link):"]
             + ["  " + line for line in comparison_lines(table, unit="s")])
+
+
+def _lab_prediction(impl):
+    """The lab's ``predict_step_ms`` (``impl``: labs, solutions or a folder), or None."""
+    from workbook.grading.labs import load_lab
+    try:
+        return load_lab("pp_schedules", impl).predict_step_ms
+    except Exception:                            # noqa: BLE001 - not loadable: shown as "-"
+        return None
+
+
+def bench_prediction_lines(result: dict, predict, preset: str = LINK) -> list[str]:
+    """``prediction_lines`` for a ``pp_schedules_bench.measure`` result (lesson 12, section 7):
+    its ``preset``'s link and rows, the learner's ``predict`` (None: not written)."""
+    from workbook.link import Link
+    o, r = result["options"], result["links"][preset]
+    schedules = {name: (acts, r["variants"][name]["v"], r["variants"][name]["placement"])
+                 for name, acts in result["schedules"].items() if name in r["variants"]}
+    return prediction_lines(Link(**r["link"]), (o["rows"], o["seq"], o["hidden"]),
+                            o["micro_batches"], schedules, r["variants"], predict)
