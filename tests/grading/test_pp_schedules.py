@@ -155,8 +155,9 @@ def test_zbv_schedule():
 
 
 # --------------------------------------------------------------------------- prediction
-PREDICTION_CASES = [     # (link preset, schedule, p, v, m, activation shape, itemsize, whole stage's
-    ("dgx-h100", "interleaved_1f1b", 2, 2, 8, (2, 256, 256), 4, 120.0, 100.0, 110.0),  # F, B, W ms)
+#: (link preset, schedule, p, v, m, activation shape, itemsize, a whole stage's F, B, W in ms)
+PREDICTION_CASES = [
+    ("dgx-h100", "interleaved_1f1b", 2, 2, 8, (2, 256, 256), 4, 120.0, 100.0, 110.0),
     ("dgx-a100", "zb_h1", 4, 1, 8, (1, 128, 512), 8, 80.0, 70.0, 60.0),
     ("pcie-h100", "zbv", 4, 2, 8, (1, 256, 128), 4, 300.0, 280.0, 260.0),
     ("dgx-h100-ib", "zbv", 2, 2, 6, (2, 128, 256), 4, 150.0, 160.0, 140.0),

@@ -141,17 +141,18 @@ def paper_rows(acts: list[list[tuple]], line) -> dict:
             for r, spans in enumerate(line.spans)}
 
 
-def paper_figure(schedule_fns: dict, name: str, p: int, m: int, c: float = 0.0, v: int | None = None):
+def paper_figure(schedule_fns: dict, name: str, p: int, m: int, c: float = 0.0,
+                 v: int | None = None):
     """Schedule ``name`` (a key of ``SCHEDULES``; ``v`` chunks a rank, by default its entry's)
     on paper, ``c`` the cost of one transfer in forwards of a whole stage; prints its step and
     bubble beside the formula's."""
     _, placement, default_v = SCHEDULES[name]
     v = default_v if v is None else v
     acts, line = play(schedule_fns[name], placement, p, v, m, t_p2p=c)
-    print(f"{name}, v={v}: step {line.step:.2f} forwards of a whole stage; bubble {line.bubble:.1%} "
-          f"(formula, no transfers: {formula_bubble(name, p, v, m):.1%}); the busiest rank holds "
-          f"{max(line.peak_in_flight) / v:g} stages' activations; {messages(acts, p, placement)} "
-          f"messages per step")
+    print(f"{name}, v={v}: step {line.step:.2f} forwards of a whole stage; bubble "
+          f"{line.bubble:.1%} (formula, no transfers: {formula_bubble(name, p, v, m):.1%}); the "
+          f"busiest rank holds {max(line.peak_in_flight) / v:g} stages' activations; "
+          f"{messages(acts, p, placement)} messages per step")
     return lf.lanes_figure(paper_rows(acts, line), f"{name}, p={p}, v={v}, m={m}, transfer {c:g}, "
                            "on paper", KIND_COLOR, "time (forwards of a whole stage)")
 
