@@ -16,6 +16,7 @@
     workbook bench pp_overlap             GPipe and 1F1B, blocking and overlapped p2p, vs no communication
     workbook bench cp_ring                ring attention's K/V exchange hidden, contiguous vs zig-zag, S sweep
     workbook bench pp_schedules           1F1B, interleaved, ZB-H1, ZBV vs no communication, beside the formulas
+    workbook bench ep_overlap             MoE all-to-all hidden (shared expert, two micro-batches, deferred wgrad), 1 and 2 nodes
     workbook plan --model M --seq S ...   predict a TP/CP/PP/DP split's step, TFLOP/s, MFU (--search ranks)
 """
 from __future__ import annotations
@@ -431,6 +432,9 @@ MODEL_BENCHES = {
     "pp_schedules": ("pp_schedules", "1F1B, interleaved 1F1B (v = 2, 4), ZB-H1 and ZBV vs the "
                      "no-communication step, each bubble beside its formula and "
                      "simulate_chunked with the measured costs."),
+    "ep_overlap": ("ep_overlap", "an MoE layer's all-to-all hidden behind the shared expert, a "
+                   "second micro-batch and deferred weight gradients vs no overlap and the "
+                   "no-communication step, on one node and across two."),
 }
 
 
