@@ -48,6 +48,8 @@ def test_every_variant_and_field_on_the_simulated_link(result, tmp_path):
             assert row["step_ms"] > 0 and row["over_no_comm"] == pytest.approx(
                 row["step_ms"] / r["no_comm_step_ms"]), (spec, name)
             assert row["a2a_count"] == EXCHANGES[name], (spec, name, row["a2a_count"])
+            assert row["exposed_over_no_comm"] == pytest.approx(
+                1 + (row["exposed_ms"] or 0) / r["no_comm_step_ms"]), (spec, name)
             if name == "no_comm":
                 assert row["a2a_bytes"] == 0 and row["fwd_a2a_ms"] == row["bwd_a2a_ms"] == 0
                 assert row["fwd_hidden_pct"] is None and row["exposed_ms"] is None
