@@ -76,7 +76,8 @@ def bench_table(result: dict) -> str:
     load = result.get("load_avg")
     lines = [f"ep_overlap benchmark, {where_measured(label)}: {p} ranks on "
              f"{result.get('hardware', '?')} ({result['cores']} cores"
-             + (f", load average {load[0]:.1f} at the end" if load else "") + f"), torch {result.get('torch')}",
+             + (f", load average {load[0]:.1f} at the end" if load else "")
+             + f"), torch {result.get('torch')}",
              f"layer: one MoE layer (gpt experts, fp32), hidden {o['hidden']}, {o['experts']} "
              f"experts of {o['expert_hidden']} ({o['experts'] // p} a rank), top-{o['top_k']}, no "
              f"capacity limit, a shared expert of {o['shared_hidden']}; {o['tokens']} tokens a "
@@ -112,9 +113,10 @@ def bench_table(result: dict) -> str:
             lines.append(f"  {name:<64} want {t['want']}, got {_fmt(t['got'], unit)}  "
                          + (verdict if t["judged"] else f"({verdict} here)") + ceiling)
     return "\n".join(lines + [
-        "", "step ms: the slowest rank's; x opt: step / no_comm's step; 1+e/o: 1 + exposed / no_comm's "
-        "step (the ratio had the variant computed as fast as no_comm: less at the mercy of load); a2a: the busiest rank's "
-        "modelled all-to-all ms issued in the pass (in brackets the count exchanges' part); "
+        "", "step ms: the slowest rank's; x opt: step / no_comm's step; 1+e/o: 1 + exposed / "
+        "no_comm's step (the ratio had the variant computed as fast as no_comm: less at the mercy "
+        "of load); a2a: the busiest rank's modelled all-to-all ms issued in the pass (in brackets "
+        "the count exchanges' part); "
         "exposed: of it, what no compute hid (skew excused); hid%: the job's hidden share of the "
         "pass's all-to-all time; sent: the bytes the busiest rank sent; loss: sum(y * g) over the "
         "ranks, the same for every variant",
