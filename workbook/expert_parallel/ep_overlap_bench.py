@@ -162,7 +162,10 @@ def step_figures(t, ops, elapsed_ms: float, mid_ns: int, loss: float, counts_byt
 
 def _rank_bench(o: dict, root: str) -> dict:
     """On every rank: the variants of ``o["run"]`` on each of ``o["links"]`` (module
-    docstring); per link and variant, the medians of ``step_figures`` over the repeats."""
+    docstring); per link and variant, the medians of ``step_figures`` over the repeats. ``o``
+    holds ``DEFAULTS``' keys, ``impl``, ``run`` (variant names; ``combine`` and the ratios want
+    ``no_comm`` among them), ``links`` (``PRESET`` or ``PRESET:Nnodes``), ``repeats`` and
+    ``warmup``; the traces go under ``root`` (a folder per link, variant and step)."""
     import torch
     import torch.distributed as dist
 
