@@ -4,9 +4,9 @@ reads from the layer or the link model holds whatever the load: every variant co
 loss, every variant but no_comm moves the same rows (two micro-batches one count exchange more),
 no_comm moves nothing over the link, each count exchange costs the fabric's latency (the
 network's across two nodes), every hidden share lies in 0-100, the figures are labelled
-SIMULATED and the issue's targets judged on one node only. No speed is judged. Bad options, and
-a folder without the lab, fail at once, in one line, with exit status 2, before any rank
-starts."""
+SIMULATED and the issue's targets judged on one node only. No speed is judged. Bad options, a
+folder without the lab and a lab that does not import fail at once, in one line, with exit
+status 2, before any rank starts."""
 from __future__ import annotations
 
 import json
@@ -103,6 +103,9 @@ def test_bad_options_fail_in_one_line(capsys, tmp_path):
         bench.measure(hiden=64)
     with pytest.raises(SystemExit, match="^workbook bench ep_overlap: no lab file .*ep_overlap"):
         bench.measure(impl=str(tmp_path))                    # before any rank starts
+    (tmp_path / "ep_overlap.py").write_text("def dispatch(:\n")
+    with pytest.raises(SystemExit, match="^workbook bench ep_overlap: .*does not import.*line 1"):
+        bench.measure(impl=str(tmp_path))
 
 
 def test_workbook_bench_routes_here(capsys):

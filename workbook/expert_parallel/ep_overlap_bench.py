@@ -303,8 +303,8 @@ def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=No
     o.update(impl=impl, repeats=repeats, warmup=warmup, links=links, variants=variants, run=run)
     try:                                             # before any rank starts
         load_ep_lab(impl)
-    except (FileNotFoundError, ValueError) as err:
-        raise UsageError(PREFIX + str(err)) from None
+    except (FileNotFoundError, ValueError, ImportError) as err:   # ImportError: it does not import
+        raise UsageError(PREFIX + " ".join(str(err).split())) from None
     with tempfile.TemporaryDirectory(prefix="ep-overlap-bench-") as tmp:
         results = launch.run(_rank_bench, nproc, o, str(trace_dir or tmp), timeout=3600,
                              link=parse_link(links[0])[0], pool=pool)
