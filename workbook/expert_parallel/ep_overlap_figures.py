@@ -151,4 +151,6 @@ def bench_figure(result: dict):
                       title=f"ep_overlap, {p} ranks, SIMULATED links: step (ms) and all-to-all hidden")
     for col in range(1, len(links) + 1):
         fig.update_yaxes(range=[0, 100], row=2, col=col)
+    fig.update_yaxes(title_text="step (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="hidden (%)", row=2, col=1)
     return fig
