@@ -60,6 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from workbook.expert_parallel.ep_overlap_figures import FIELDS, PASSES, combine  # noqa: F401
 from workbook.measure.bench_cli import UsageError, listed, measure_and_save, run_as_command
 
 #: variant -> the lab's layer it runs
@@ -68,10 +69,6 @@ CALL = {"ep_moe": "ep_moe", "shared_overlap": "ep_moe_shared_overlap",
         "deferred_wgrad": "ep_moe_deferred_wgrad", "no_comm": "ep_moe, no link"}
 VARIANTS = tuple(CALL)
 LINKS = ("dgx-h100", "dgx-h100:2nodes")
-PASSES = ("fwd", "bwd")
-FIELDS = ("step_ms", "loss", "a2a_bytes", "a2a_count", "exposed_ms",
-          *(f"{p}_{k}" for p in PASSES for k in ("a2a_ms", "counts_ms", "comm_ms", "exposed_ms",
-                                                   "skew_ms")))
 # 2 experts of 2048 on each of 2 ranks, k = 2: the experts' forward of one micro-batch (about
 # 2 GFLOP) lasts about one token exchange on dgx-h100, whose 2 us latency is ~30 ms in slow motion
 DEFAULTS = dict(tokens=512, hidden=512, experts=4, top_k=2, expert_hidden=2048,
@@ -224,24 +221,6 @@ def _rank_bench(o: dict, root: str) -> dict:
                                 for f, x in r.items()} for name, r in rows_of.items()}}
     link.set_link(None)
     return out
-
-
-# --------------------------------------------------------------------------- the figures
-def combine(ranks: list[dict]) -> dict:
-    """The ranks' ``step_figures`` as one row: the slowest rank's step, the busiest rank's
-    all-to-all and exposed times, each pass's hidden share over the job (all-to-all and exposed
-    times added over the ranks), the loss summed over the ranks."""
-    def most(key):
-        values = [r[key] for r in ranks if r[key] is not None]
-        return max(values) if values else None
-    row = {"step_ms": max(r["step_ms"] for r in ranks), "loss": sum(r["loss"] for r in ranks),
-           **{k: most(k) for k in FIELDS if k not in ("step_ms", "loss")}}
-    for p in PASSES:
-        comm = sum(r[f"{p}_comm_ms"] or 0 for r in ranks)
-        exposed = sum(r[f"{p}_exposed_ms"] or 0 for r in ranks)
-        row[f"{p}_hidden_pct"] = (min(100.0, max(0.0, 100 * (1 - exposed / comm)))
-                                  if comm > 0 else None)
-    return row
 
 
 def _check(o: dict, nproc: int, links: list, variants: list, repeats: int, warmup: int,

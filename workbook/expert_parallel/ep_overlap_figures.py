@@ -1,4 +1,7 @@
-"""What ``workbook bench ep_overlap`` judges its measurements by, and how it shows them.
+"""What ``workbook bench ep_overlap`` makes of its measurements, judges them by, and shows.
+
+``combine(ranks)`` makes the ranks' figures of one variant (``ep_overlap_bench.step_figures``)
+one row.
 
 ``targets(spec, link_result, nproc)`` judges issue 31's targets on one link: two micro-batches
 (``two_batch``) hide >= 70% of the forward's and >= 60% of the backward's all-to-all time, and
@@ -21,6 +24,28 @@ from __future__ import annotations
 from workbook.measure.output import human, where_measured
 
 ISSUE_SETTING = ("dgx-h100", 1, 2)          # preset, nodes, ranks: where issue 31 sets targets
+PASSES = ("fwd", "bwd")
+#: one rank's figures of one step (``ep_overlap_bench.step_figures``)
+FIELDS = ("step_ms", "loss", "a2a_bytes", "a2a_count", "exposed_ms",
+          *(f"{p}_{k}" for p in PASSES for k in ("a2a_ms", "counts_ms", "comm_ms", "exposed_ms",
+                                                   "skew_ms")))
+
+
+def combine(ranks: list[dict]) -> dict:
+    """The ranks' ``step_figures`` as one row: the slowest rank's step, the busiest rank's
+    all-to-all and exposed times, each pass's hidden share over the job (all-to-all and exposed
+    times added over the ranks), the loss summed over the ranks."""
+    def most(key):
+        values = [r[key] for r in ranks if r[key] is not None]
+        return max(values) if values else None
+    row = {"step_ms": max(r["step_ms"] for r in ranks), "loss": sum(r["loss"] for r in ranks),
+           **{k: most(k) for k in FIELDS if k not in ("step_ms", "loss")}}
+    for p in PASSES:
+        comm = sum(r[f"{p}_comm_ms"] or 0 for r in ranks)
+        exposed = sum(r[f"{p}_exposed_ms"] or 0 for r in ranks)
+        row[f"{p}_hidden_pct"] = (min(100.0, max(0.0, 100 * (1 - exposed / comm)))
+                                  if comm > 0 else None)
+    return row
 
 
 def targets(spec: str, r: dict, nproc: int) -> dict:
