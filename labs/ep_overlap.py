@@ -2,11 +2,12 @@
 # Replace each `raise NotImplementedError` with your code; check it with `workbook run ep_overlap`
 # (or `workbook watch ep_overlap`). Stuck on task N? `workbook hint ep_overlap N`, one hint at a time.
 #
-# Your tasks (44 pts in all):
+# Your tasks (46 pts in all):
 #    1. exchange_counts (2.1 pts): Tell every rank how many rows it will receive from this rank,
 #       for each of its experts.
-#    2. AllToAll.forward and .backward (1.6 pts): Applied to rows `x [N, H]`, the send and the
-#       receive splits and a process group: the rows to every rank.
+#    2. AllToAll.forward and .backward (1.6 pts): Applied to rows `x [N, H]`, the rows to send to
+#       each rank (a list of n ints), the rows to receive from each rank (n ints) and a process
+#       group: the rows to every rank.
 #    3. dispatch (2.1 pts): Send this rank's kept assignments to the ranks of their experts.
 #    4. combine (2.1 pts): Bring the experts' outputs home, un-permute them and weight them by the
 #       router.
@@ -14,11 +15,11 @@
 #       `x [..., H]` this rank's tokens.
 #    6. prepare_dispatch (1 pt): `dispatch` up to the token exchange: the rows to send and the
 #       plan, nothing sent yet.
-#    7. StartAllToAll.forward and .backward (2.33 pts): `StartAllToAll.apply(x, pending)`: issue
-#       `AllToAll`'s exchange of `x` with `pending`'s splits and return at once, with the buffer it
-#       will fill; its handle stays on `pending` for `WaitAllToAll`.
-#    8. WaitAllToAll.forward and .backward (2.33 pts): `WaitAllToAll.apply(buffer, pending)`: wait
-#       for the exchange `StartAllToAll` issued and return the filled buffer (a view).
+#    7. StartAllToAll.forward and .backward (2.33 pts): Applied to rows `x` and a `Pending` record:
+#       issue `AllToAll`'s exchange of `x` with the record's splits and return at once, with the
+#       buffer it will fill; the handle stays on the record for `WaitAllToAll`.
+#    8. WaitAllToAll.forward and .backward (2.33 pts): Applied to the buffer `StartAllToAll`
+#       returned and the same record: wait for the exchange and return the filled buffer (a view).
 #    9. ep_moe_shared_overlap (2.33 pts): `ep_moe` with the shared expert computed while the
 #       dispatch's tokens travel, and its backward while the dispatch's backward travels.
 #   10. AllToAllThenWgrad.backward (4 pts): Applied to `AllToAll`'s four arguments and the store of
@@ -29,34 +30,39 @@
 #       `phase`, a pure function.
 #   13. TwoBatchMoE.forward_action and .backward_action (13 pts): The layer on this rank, its
 #       tokens cut into micro-batches A (the first half of the rows) and B (the second), run in a
-#       schedule's order: `TwoBatchMoE(moe, group)(x)`.
+#       schedule's order: built from this rank's part of the layer and a group, then called on the
+#       tokens.
+#   14. predict_dispatch_exposed_ms (2 pts): Predict, before running it, the ms of the dispatch's
+#       all-to-all that stay exposed in `ep_moe_shared_overlap`'s forward pass, where the shared
+#       expert computes while the tokens travel, on the simulated `link`.
 """Lab `ep_overlap`: mixture-of-experts expert parallelism, its all-to-all hidden.
 
 Lesson 13 (``lessons/13_ep_overlap.py``) explains everything this lab builds. An MoE layer sends
 each token to its top-k experts; under expert parallelism the ``E`` experts are spread over the
-``ep`` ranks (expert e on rank ``e // (E / ep)``), each rank holding its own tokens, so every
-layer moves tokens to their experts and the results back: two all-to-alls in the forward pass,
-two in the backward. You build, in order:
+ranks of the group, ``E / n`` consecutive experts each, every rank holding its own tokens, so
+every layer moves tokens to their experts and the results back: two all-to-alls in the forward
+pass, two in the backward. You build, in order:
 
 1. ``exchange_counts``: how many rows each rank will receive, for each of its experts;
-2. ``AllToAll``: the uneven all-to-all as an autograd op, its backward the same exchange reversed
-   (so the backward of a dispatch is a combine, and the backward of a combine a dispatch);
-3. ``dispatch`` and ``combine``: tokens sorted by expert, sent, regrouped for the local experts,
-   and the results sent back, un-permuted and weighted by the router;
+2. ``AllToAll``: the uneven all-to-all as an autograd op;
+3. ``dispatch`` and ``combine``: tokens to their experts' ranks, and the results home, weighted
+   by the router;
 4. ``ep_moe``: the whole layer on one rank, equal to the single-device layer;
 5. ``ep_moe_shared_overlap``: the shared expert computed while the dispatch travels, forward and
    backward (``StartAllToAll`` / ``WaitAllToAll``);
 6. ``ep_moe_deferred_wgrad``: the experts' weight gradients computed while the dispatch's
    backward travels (``AllToAllThenWgrad``);
 7. two micro-batches against each other: ``two_batch_schedule`` (a pure function, graded at once)
-   and ``TwoBatchMoE``, the executor that runs a schedule on the ranks.
+   and ``TwoBatchMoE``, the executor that runs a schedule on the ranks;
+8. ``predict_dispatch_exposed_ms``: before you run it, what the shared expert leaves exposed of
+   the dispatch, from the simulated link's figures.
 
 Given pieces: ``workbook/expert_parallel/expert_parallel.py`` (the placement, the token
 bookkeeping, ``DispatchPlan``), ``deferred_wgrad.py`` (the experts' backward in two),
 ``two_batch.py`` (the two-micro-batch actions and the schedule check),
 ``two_batch_executor.py`` (what runs a schedule on the ranks, around your actions) and
 ``workbook/model/moe.py`` (the single-device layer: routing, capacity, the experts): read them
-first.
+first. Run: ``workbook run ep_overlap``; grade: ``workbook grade --lab ep_overlap``.
 """
 from __future__ import annotations
 
@@ -83,22 +89,21 @@ from workbook.expert_parallel import (
 def exchange_counts(counts: torch.Tensor, group=None) -> torch.Tensor:
     """Tell every rank how many rows it will receive from this rank, for each of its experts.
 
-    Lesson 13, section 2 ("Who sends what"). ``counts [E]`` (long): the rows this rank sends to
-    each expert. Returns ``recv_counts [ep, E/ep]`` (long): row ``s`` is what rank ``s`` sends to
-    each of this rank's experts, in expert order. One collective, on ``group``."""
+    Lesson 13, section 2 ("Dispatch and combine"). ``counts [E]`` (long): the rows this rank sends
+    to each expert. Returns a long tensor ``[n, E/n]`` (n ranks in the group): row s holds what
+    rank s sends to each of this rank's experts, in expert order. One collective, on the group."""
     raise NotImplementedError("not implemented yet: ep_overlap.exchange_counts")
 
 
 # --------------------------------------------------------------------------- 2. the autograd op
 class AllToAll(torch.autograd.Function):
-    """Applied to rows ``x [N, H]``, the send and the receive splits and a process group: the
-    rows to every rank.
+    """Applied to rows ``x [N, H]``, the rows to send to each rank (a list of n ints), the rows to
+    receive from each rank (n ints) and a process group: the rows to every rank.
 
-    Lesson 13, section 3 ("Dispatch and combine are each other's backward"). The first
-    ``send_splits[0]`` rows go to rank 0, the next ``send_splits[1]`` to rank 1, ...; returns
-    ``[sum(recv_splits), H]``, rank 0's rows first. Any split may be zero (a rank that receives
-    nothing). Its backward sends each row's gradient back where the row came from: the same
-    all-to-all with the two lists swapped."""
+    Lesson 13, section 4 ("EP as an autograd op"); the exchange itself: section 2. The first
+    rows of ``x`` go to rank 0, the next to rank 1, and so on; the result holds the rows received,
+    rank 0's first. Any count may be zero (a rank that receives nothing). Differentiable: the
+    gradient of ``x`` is that of the rows it sent, wherever they went."""
 
     @staticmethod
     def forward(ctx, x, send_splits, recv_splits, group):
@@ -114,12 +119,11 @@ def dispatch(x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor, num_exp
              group=None) -> tuple[torch.Tensor, DispatchPlan]:
     """Send this rank's kept assignments to the ranks of their experts.
 
-    Lesson 13, section 2 ("Who sends what") and section 3. ``x [T, H]`` this rank's tokens,
+    Lesson 13, section 2 ("Dispatch and combine"). ``x [T, H]`` this rank's tokens,
     ``experts [T, k]`` the router's choices, ``keep [T, k]`` the assignments inside the capacity.
     Returns the rows this rank's experts must process, expert-major (local expert 0's rows, from
-    every source in rank order, then expert 1's, ...), and the ``DispatchPlan`` its combine
-    needs. Two collectives: the counts, then the rows (uneven splits); dropped assignments never
-    travel."""
+    every source in rank order, then expert 1's, ...), and the plan its combine needs. Two
+    collectives: the counts, then the rows (uneven splits); dropped assignments never travel."""
     raise NotImplementedError("not implemented yet: ep_overlap.dispatch")
 
 
@@ -127,23 +131,25 @@ def combine(y: torch.Tensor, weights: torch.Tensor, plan: DispatchPlan, num_toke
             group=None) -> torch.Tensor:
     """Bring the experts' outputs home, un-permute them and weight them by the router.
 
-    Lesson 13, section 3. ``y [M, H]`` the local experts' outputs in ``dispatch``'s expert-major
-    order, ``weights [T, k]`` the router's weights (their gradient must reach the router),
-    ``plan`` what ``dispatch`` returned. Returns ``[num_tokens, H]``: row ``t`` the sum over
-    token t's kept assignments of weight times expert output (zero for a token with none)."""
+    Lesson 13, section 2 ("Dispatch and combine"); the gradients: section 4. ``y [M, H]`` the local
+    experts' outputs in ``dispatch``'s expert-major order, ``weights [T, k]`` the router's weights
+    (their gradient must reach the router), ``plan`` what ``dispatch`` returned. Returns
+    ``[num_tokens, H]``: row t the sum over token t's kept assignments of weight times expert
+    output (zero for a token with none)."""
     raise NotImplementedError("not implemented yet: ep_overlap.combine")
 
 
 # --------------------------------------------------------------------------- 4. the layer
 def ep_moe(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor:
     """The MoE layer on this rank: ``moe`` is this rank's part (``local_moe``), ``x [..., H]``
-    this rank's tokens. Lesson 13, section 4 ("The layer, distributed").
+    this rank's tokens. Lesson 13, section 1 ("Routing, and the load it makes"), and sections
+    2 and 4.
 
     Contract: on every rank the output equals the single-device layer's rows for this rank's
-    tokens, with ``groups = ep`` (this rank's tokens are one capacity group); so do the input's
-    gradient and each local expert's; the router's (and the shared expert's) gradients, summed
-    over the ranks, equal the single-device ones. ``moe.aux_loss`` is set to this rank's
-    load-balancing loss (its own tokens)."""
+    tokens, with one capacity group per rank (this rank's tokens are one group); so do the
+    input's gradient and each local expert's; the router's (and the shared expert's) gradients,
+    summed over the ranks, equal the single-device ones. The layer's auxiliary loss (as the
+    single-device layer sets it) is this rank's load-balancing loss, over its own tokens."""
     raise NotImplementedError("not implemented yet: ep_overlap.ep_moe")
 
 
@@ -152,9 +158,9 @@ def prepare_dispatch(x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor,
                      group=None) -> tuple[torch.Tensor, DispatchPlan]:
     """``dispatch`` up to the token exchange: the rows to send and the plan, nothing sent yet.
 
-    Lesson 13, section 5 ("Hide it behind the shared expert"). Same arguments as ``dispatch``.
+    Lesson 13, section 5 ("The shared expert behind the dispatch"). Same arguments as ``dispatch``.
     Returns ``x``'s rows in the order they are sent (``[N, H]``, sorted by expert; their gradient
-    reaches ``x``) and the ``DispatchPlan``. One collective: the counts."""
+    reaches ``x``) and the plan, as ``dispatch``'s. One collective: the counts."""
     raise NotImplementedError("not implemented yet: ep_overlap.prepare_dispatch")
 
 
@@ -178,13 +184,14 @@ class Pending:
 
 
 class StartAllToAll(torch.autograd.Function):
-    """``StartAllToAll.apply(x, pending)``: issue ``AllToAll``'s exchange of ``x`` with
-    ``pending``'s splits and return at once, with the buffer it will fill; its handle stays on
-    ``pending`` for ``WaitAllToAll``. Lesson 13, section 5.
+    """Applied to rows ``x`` and a ``Pending`` record: issue ``AllToAll``'s exchange of ``x``
+    with the record's splits and return at once, with the buffer it will fill; the handle stays on
+    the record for ``WaitAllToAll``.
+    Lesson 13, section 5 ("The shared expert behind the dispatch").
 
-    Backward: ``WaitAllToAll``'s backward started the reverse exchange, its buffer and handle
-    on ``pending``; wait for it, then pass that buffer on as ``x``'s gradient (the gradient
-    handed to this backward is only a placeholder)."""
+    Backward: ``WaitAllToAll``'s backward started the reverse exchange, its buffer and handle on
+    the record; wait for it, then pass that buffer on as ``x``'s gradient (the gradient handed to
+    this backward is only a placeholder)."""
 
     @staticmethod
     def forward(ctx, x, pending):
@@ -196,12 +203,13 @@ class StartAllToAll(torch.autograd.Function):
 
 
 class WaitAllToAll(torch.autograd.Function):
-    """``WaitAllToAll.apply(buffer, pending)``: wait for the exchange ``StartAllToAll`` issued
-    and return the filled buffer (a view). Lesson 13, section 5.
+    """Applied to the buffer ``StartAllToAll`` returned and the same record: wait for the
+    exchange and return the filled buffer (a view).
+    Lesson 13, section 5 ("The shared expert behind the dispatch").
 
-    Backward: *start* the reverse exchange of the incoming gradient (the splits swapped), keep its
-    handle and its buffer on ``pending`` (``StartAllToAll``'s backward waits) and return the
-    incoming gradient itself as a placeholder (it has the buffer's shape; nothing reads it)."""
+    Backward: *start* the reverse exchange of the incoming gradient, keep its handle and its
+    buffer on the record (``StartAllToAll``'s backward waits) and return the incoming gradient
+    itself as a placeholder (it has the buffer's shape; nothing reads it)."""
 
     @staticmethod
     def forward(ctx, buffer, pending):
@@ -214,11 +222,12 @@ class WaitAllToAll(torch.autograd.Function):
 
 def ep_moe_shared_overlap(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor:
     """``ep_moe`` with the shared expert computed while the dispatch's tokens travel, and its
-    backward while the dispatch's backward travels. Lesson 13, section 5.
+    backward while the dispatch's backward travels.
+    Lesson 13, section 5 ("The shared expert behind the dispatch").
 
-    Contract: ``ep_moe``'s (the same outputs, gradients and ``aux_loss``); ``moe`` must have a
-    shared expert (``ValueError`` otherwise). On the link, neither the dispatch's exchange nor
-    its backward is waited on before the shared expert's matrix products ran."""
+    Contract: ``ep_moe``'s (the same outputs, gradients and load-balancing loss); ``moe`` must
+    have a shared expert (a ``ValueError`` otherwise). On the link, neither the dispatch's
+    exchange nor its backward is waited on before the shared expert's matrix products ran."""
     if moe.shared is None:
         raise ValueError("ep_moe_shared_overlap needs a shared expert to hide the dispatch behind: "
                          "set MoEConfig(shared_expert=True), or use ep_moe")
@@ -230,8 +239,8 @@ class AllToAllThenWgrad(torch.autograd.Function):
     """Applied to ``AllToAll``'s four arguments and the store of the experts' deferred weight
     gradients: ``AllToAll``'s forward. Lesson 13, section 6 ("Deferred weight gradients").
 
-    Backward: start the reverse exchange without waiting, compute the experts' weight gradients
-    waiting in the store while it travels, then wait and return it."""
+    Backward: ``AllToAll``'s gradient, with the weight gradients waiting in the store computed
+    while that gradient travels; once it returns, the store is empty."""
 
     @staticmethod
     def forward(ctx, x, send_splits, recv_splits, group, store):
@@ -245,11 +254,12 @@ class AllToAllThenWgrad(torch.autograd.Function):
 
 def ep_moe_deferred_wgrad(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor:
     """``ep_moe`` whose backward computes the experts' weight gradients while the dispatch's
-    backward (the rows' gradients going home) travels. Lesson 13, section 6.
+    backward (the rows' gradients going home) travels.
+    Lesson 13, section 6 ("Deferred weight gradients").
 
-    Contract: ``ep_moe``'s (the same outputs, gradients and ``aux_loss``); once ``backward``
-    returns, every local expert's gradient is in place. On the link, the dispatch's backward is
-    not waited on before the weight gradients' products ran."""
+    Contract: ``ep_moe``'s (the same outputs, gradients and load-balancing loss); once the
+    backward pass returns, every local expert's gradient is in place. On the link, the
+    dispatch's backward is not waited on before the weight gradients' products ran."""
     raise NotImplementedError("not implemented yet: ep_overlap.ep_moe_deferred_wgrad")
 
 
@@ -257,26 +267,28 @@ def ep_moe_deferred_wgrad(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor
 def two_batch_schedule(phase: str, deferred_wgrad: bool = False) -> list[tuple]:
     """The order of two micro-batches' actions through the layer in ``phase``, a pure function.
 
-    Lesson 13, section 7 ("Two micro-batches"). Actions are ``(kind, micro_batch, step)``
-    tuples, listed with their dependencies in ``workbook/expert_parallel/two_batch.py``;
-    ``deferred_wgrad`` adds a ``("compute", X, "wgrad")`` per micro-batch to the backward.
-    Contract: ``check_schedule(two_batch_schedule(phase, d), phase, d)`` passes: every action
-    once, dependencies first, and no transfer waited on while a compute that does not need it
-    was ready and nothing had run since the transfer started. In a single layer, one transfer
-    per pass has nothing to hide behind (the last of the forward, the first of the backward)."""
+    Lesson 13, section 7 ("Two micro-batches against each other"). Actions are (kind, micro-batch,
+    step) tuples, listed with their dependencies in ``workbook/expert_parallel/two_batch.py``;
+    ``deferred_wgrad`` adds one weight-gradient compute per micro-batch to the backward. Contract:
+    the given schedule check accepts it for ``phase`` and ``deferred_wgrad``: every action once,
+    dependencies first, and no transfer waited on while a compute that does not need it was ready
+    and nothing had run since the transfer started. ``phase``: forward or backward, anything else a
+    ``ValueError``."""
     raise NotImplementedError("not implemented yet: ep_overlap.two_batch_schedule")
 
 
 class TwoBatchMoE(TwoBatchExecutor):
     """The layer on this rank, its tokens cut into micro-batches A (the first half of the rows)
-    and B (the second), run in a schedule's order: ``TwoBatchMoE(moe, group)(x)``.
+    and B (the second), run in a schedule's order: built from this rank's part of the layer and
+    a group, then called on the tokens.
 
-    Lesson 13, section 7. Contract: each micro-batch is its own capacity group, so the result
-    equals the single-device layer with ``groups = 2 ep``; the output, the input's gradient and
-    the parameters' gradients as in ``ep_moe``'s contract (no ``aux_loss``). The given
-    ``TwoBatchExecutor`` (``workbook/expert_parallel/two_batch_executor.py``: read it first)
-    runs your two action methods in the schedules' order, each piece of a micro-batch's layer in
-    an autograd graph of its own, the pieces meeting at leaves across the exchanges."""
+    Lesson 13, section 7 ("Two micro-batches against each other"). Contract: each micro-batch is
+    its own capacity group, so the result equals the single-device layer with two groups per rank;
+    the output, the input's gradient and the parameters' gradients as in ``ep_moe``'s contract (no
+    auxiliary loss). The given ``TwoBatchExecutor``
+    (``workbook/expert_parallel/two_batch_executor.py``: read it first) runs your two action
+    methods in the schedules' order, each piece of a micro-batch's layer in an autograd graph of
+    its own, the pieces meeting at leaves across the exchanges."""
 
     def __init__(self, moe: MoE, group=None, deferred_wgrad: bool = False,
                  forward: list | None = None, backward: list | None = None):
@@ -319,3 +331,33 @@ class TwoBatchMoE(TwoBatchExecutor):
         parameter's gradient has been added to."""
         s = self.mb[mb]
         raise NotImplementedError("not implemented yet: ep_overlap.TwoBatchMoE.backward_action")
+
+
+# --------------------------------------------------------------------------- 8. prediction
+def predict_dispatch_exposed_ms(link, sent_rows, hidden: int, itemsize: int,
+                                t_shared_ms: float) -> float:
+    """Predict, before running it, the ms of the dispatch's all-to-all that stay exposed in
+    ``ep_moe_shared_overlap``'s forward pass, where the shared expert computes while the tokens
+    travel, on the simulated ``link``.
+
+    Lesson 13, section 8 ("Predict, then measure"); what an uneven all-to-all costs: section 3
+    ("The all-to-all's cost: the busiest receiver").
+
+    * ``link``: a ``workbook.link.cost_model.Link``, the simulated link of one node; its
+      alpha-beta figures are the latency of one operation in seconds and the bandwidth in bytes
+      per second;
+    * ``sent_rows``: n lists of n ints, the dispatch's rows (tokens) from each rank (the list) to
+      each rank (its entries), a rank's rows to itself included; a rank may receive none;
+    * ``hidden`` / ``itemsize``: a row is ``hidden`` elements of ``itemsize`` bytes;
+    * ``t_shared_ms``: the shared expert's compute, begun as the exchange starts.
+
+    Returns the ms the rank still waits for the exchange once the shared expert is done, as the
+    simulated link times an uneven all-to-all (``workbook/link/topology.py``). The grader
+    compares it with the model's value on several exchanges and links; ``workbook run
+    ep_overlap`` prints it beside the model and the measurement."""
+    raise NotImplementedError("not implemented yet: ep_overlap.predict_dispatch_exposed_ms")
+
+
+if __name__ == "__main__":
+    from workbook.selfcheck import main
+    main(__file__)

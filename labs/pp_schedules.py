@@ -2,7 +2,7 @@
 # Replace each `raise NotImplementedError` with your code; check it with `workbook run pp_schedules`
 # (or `workbook watch pp_schedules`). Stuck on task N? `workbook hint pp_schedules N`, one hint at a time.
 #
-# Your tasks (38 pts in all):
+# Your tasks (41 pts in all):
 #   1. interleaved_1f1b (5 pts): Rank `rank`'s actions (of `p` ranks holding `v` chunks each, `m`
 #      micro-batches) under Megatron-LM's interleaved 1F1B, the backward not split (each B is the
 #      whole backward).
@@ -12,6 +12,9 @@
 #   4. OverlappedChunkedExecutor.post_receive, .prefetch, .take_input, .send, .forward_step,
 #      .backward_step and .finish (23 pts): A rank's chunks running a chunked schedule, the
 #      transfers travelling while it computes.
+#   5. predict_step_ms (3 pts): Predict, before running it, the step time in ms of your schedule
+#      `schedule` (a key of `SCHEDULES`) on `p` ranks holding `v` chunks each, `m` micro-batches,
+#      run by `OverlappedChunkedExecutor` on the simulated `link`.
 """Lab `pp_schedules`: pipelines with (almost) no bubble: virtual stages, the split backward, a V.
 
 Lesson 12 (``lessons/12_pp_schedules.py``) explains everything this lab builds. Lab 10 gave each
@@ -31,7 +34,9 @@ and then, on ranks:
 
 4. ``OverlappedChunkedExecutor``: a rank's chunks running any of these schedules, each action's
    input already travelling while the action before it computes, the sends waited for only at
-   the end (lab 10's overlapped executor, with chunks and the split backward).
+   the end (lab 10's overlapped executor, with chunks and the split backward);
+5. ``predict_step_ms``: before you run it, the step time of one of your schedules on your
+   executor over the simulated link, from the link's figures and the measured compute.
 
 An action is a triple ``(kind, micro_batch, chunk)``, kind F (forward), B (backward: the input
 gradient in a schedule that has W's, the whole backward in one that has none) or W (weight
@@ -49,7 +54,7 @@ import torch
 import torch.distributed as dist
 
 from workbook.pipeline_parallel import (B, F, INTERLEAVED, V_SHAPE, W, ChunkedExecutor,
-                                        check_interleaved_shape)
+                                        check_interleaved_shape, simulate_chunked)
 
 
 # --------------------------------------------------------------------------- 1. interleaved 1F1B
@@ -189,3 +194,30 @@ class OverlappedChunkedExecutor(ChunkedExecutor):
         counted, no send in flight, nothing handed over."""
         self.receives, self.posted, self.sends, self.handed = {}, {}, [], {}
         return super().step(tokens, targets, schedules)
+
+
+# --------------------------------------------------------------------------- 5. prediction
+def predict_step_ms(link, schedule: str, p: int, v: int, m: int, shape: tuple, itemsize: int,
+                    t_f_ms: float, t_b_ms: float, t_w_ms: float) -> float:
+    """Predict, before running it, the step time in ms of your schedule ``schedule`` (a key of
+    ``SCHEDULES``) on ``p`` ranks holding ``v`` chunks each, ``m`` micro-batches, run by
+    ``OverlappedChunkedExecutor`` on the simulated ``link``.
+
+    Lesson 12, section 7 ("Predict your step").
+
+    * ``link``: a ``workbook.link.cost_model.Link``; its alpha-beta figures are the latency of
+      one operation in seconds and the bandwidth in bytes per second;
+    * ``shape``: the activation that crosses a boundary between two stages (its gradient has the
+      same shape), three sizes (rows, sequence length, hidden size), elements of ``itemsize``
+      bytes;
+    * ``t_f_ms`` / ``t_b_ms`` / ``t_w_ms``: the measured compute of one micro-batch's forward /
+      input-gradient backward (B) / weight-gradient backward (W) through a rank's WHOLE share of
+      the model (all its chunks together: lab 10's stage).
+
+    Returns the step time in ms of the paper model of ``simulate_chunked``: a rank runs its
+    actions in order, each as soon as the rank is free and its input is there; an input made on
+    another rank arrives one transfer time after the action that made it ends, one made on the
+    same rank at once; sends never block. The grader compares it with the model's value on
+    several pipelines and links; ``workbook run pp_schedules`` prints it beside the model and
+    the measured step."""
+    raise NotImplementedError("not implemented yet: pp_schedules.predict_step_ms")

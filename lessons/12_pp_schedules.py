@@ -209,8 +209,11 @@ print(f"{WHOSE['zbv']} zbv:")
 lesson.paper_figure(SCHEDULE_FNS, "ZBV", P, M)
 
 # %% [markdown]
-# Play with every schedule, the pipeline's size and a transfer's cost below. Where does the V's
-# advantage go when transfers get slow, and why does the interleaved schedule suffer most?
+# Play with every schedule, the pipeline's size, the chunks a rank holds and a transfer's cost
+# below: each draw is `simulate_chunked`'s timeline, its bubble printed beside the formula's.
+# Where does the V's advantage go when transfers get slow, and why does the interleaved schedule
+# suffer most? What do more chunks buy ZB-H1, and what do they cost once a transfer costs
+# anything?
 
 # %%
 lesson.paper_explorer(SCHEDULE_FNS)
@@ -230,6 +233,36 @@ lesson.paper_explorer(SCHEDULE_FNS)
 #   own buffer (the base class works out that order: `arrivals`);
 # * **the V's turn.** Stages $p-1$ and $p$ are both on rank $p-1$: the tensor is handed over in
 #   memory, with no transfer at all.
+#
+# ### Predict your step
+#
+# The lab's last task, `predict_step_ms`, asks for the step of one of your schedules on your
+# executor over the simulated link, in milliseconds, *before* you run it; the cell after the run
+# below puts your number beside the model's and the measured step (and `workbook run
+# pp_schedules` prints the same table for all four schedules). Everything on paper above counts
+# in forwards of a whole stage with free or fractional transfers; a prediction in milliseconds
+# needs three things more.
+#
+# * **What one transfer costs.** The link is an alpha-beta model (lesson 3, "The link, and why it
+#   is simulated"): an operation costs its latency $\alpha$ plus its bytes over the bandwidth.
+#   The link speaks seconds and bytes; the compute you are given is in milliseconds.
+# * **What is a transfer, and what is not.** An action whose input was made on another rank waits
+#   one transfer after that action ended; an input made on the same rank is there at once (the
+#   V's turn of section 6); a W waits for nothing outside its rank. Sends never block: your
+#   executor posts them and moves on.
+# * **What one action costs.** You are given the compute of one micro-batch through a rank's
+#   *whole* share of the model (all its chunks together: lesson 10's stage, what a profiler
+#   reports per micro-batch). A chunk holds $1/v$ of those layers. And a schedule with no W runs
+#   the whole backward in its B.
+#
+# `simulate_chunked` (the given paper model) plays a schedule once it has these figures. The
+# formulas of sections 2, 5 and 6 are no prediction here: they count no transfer, and on this
+# link one costs a sizeable part of a chunk's forward.
+#
+# **Think it through** before you write it: on 2 ranks, how many transfers does one micro-batch
+# make each way under interleaved 1F1B with $v = 2$, and under ZBV (the *messages* column of the
+# tables above counts them for a whole step)? Which of them can a rank not hide, at the start
+# and at the end of the step?
 #
 # **Predict** before you run the next cell, for 2 ranks and 8 micro-batches on the simulated
 # dgx-h100 link: which is faster, interleaved 1F1B (v = 2) or ZBV, and by how much on paper
@@ -252,6 +285,20 @@ print(bench.report(result))
 bench.figure(result)
 
 # %% [markdown]
+# **Your prediction beside the run.** The cell calls your `predict_step_ms` for each schedule the
+# run measured (a `-` until you write it), with this run's link, the activation's shape
+# $[b, S, H]$ in fp32 and the schedule's own measured compute (per chunk action, times $v$: a
+# whole stage's), and prints it beside the model (`simulate_chunked` of your schedule with the
+# same figures) and the measured step. Your number should equal the model's; where the model and
+# the measurement part, the difference is what the paper leaves out: the executor's Python
+# between operations, a loaded CPU, ranks that drift apart.
+
+# %%
+from workbook.pipeline_parallel import pp_schedules_report as report
+
+print("\n".join(report.bench_prediction_lines(result, getattr(mine, "predict_step_ms", None))))
+
+# %% [markdown]
 # Where the measured bubble sits above the formula, the difference is time the trace does not
 # count as compute: the executor's Python between operations, copies, and the transfers the
 # formula leaves out. The *no_comm* row (ZBV with no link time) is the floor this machine sets;
@@ -263,7 +310,9 @@ bench.figure(result)
 # `labs/pp_schedules.py`: task 1 `interleaved_1f1b`, task 2 `zb_h1`, task 3 `zbv` (graded at once,
 # action by action against PyTorch's order, each set of ranks first through the deadlock checker),
 # then the `OverlappedChunkedExecutor` (its numbers against one device for every schedule on 2 and
-# 4 ranks, its traffic from the trace, then how much of the steady state's transfers it hides).
+# 4 ranks, its traffic from the trace, then how much of the steady state's transfers it hides),
+# and task 5 `predict_step_ms` (section 7, "Predict your step": compared with the model on four
+# pipelines and links, a known wrong derivation named).
 # `workbook run pp_schedules` checks your work; `workbook hint pp_schedules zb_h1` gives a hint
 # when you ask for one.
 

@@ -2,29 +2,30 @@
 
 Lesson 13 (``lessons/13_ep_overlap.py``) explains everything this lab builds. An MoE layer sends
 each token to its top-k experts; under expert parallelism the ``E`` experts are spread over the
-``ep`` ranks (expert e on rank ``e // (E / ep)``), each rank holding its own tokens, so every
-layer moves tokens to their experts and the results back: two all-to-alls in the forward pass,
-two in the backward. You build, in order:
+ranks of the group, ``E / n`` consecutive experts each, every rank holding its own tokens, so
+every layer moves tokens to their experts and the results back: two all-to-alls in the forward
+pass, two in the backward. You build, in order:
 
 1. ``exchange_counts``: how many rows each rank will receive, for each of its experts;
-2. ``AllToAll``: the uneven all-to-all as an autograd op, its backward the same exchange reversed
-   (so the backward of a dispatch is a combine, and the backward of a combine a dispatch);
-3. ``dispatch`` and ``combine``: tokens sorted by expert, sent, regrouped for the local experts,
-   and the results sent back, un-permuted and weighted by the router;
+2. ``AllToAll``: the uneven all-to-all as an autograd op;
+3. ``dispatch`` and ``combine``: tokens to their experts' ranks, and the results home, weighted
+   by the router;
 4. ``ep_moe``: the whole layer on one rank, equal to the single-device layer;
 5. ``ep_moe_shared_overlap``: the shared expert computed while the dispatch travels, forward and
    backward (``StartAllToAll`` / ``WaitAllToAll``);
 6. ``ep_moe_deferred_wgrad``: the experts' weight gradients computed while the dispatch's
    backward travels (``AllToAllThenWgrad``);
 7. two micro-batches against each other: ``two_batch_schedule`` (a pure function, graded at once)
-   and ``TwoBatchMoE``, the executor that runs a schedule on the ranks.
+   and ``TwoBatchMoE``, the executor that runs a schedule on the ranks;
+8. ``predict_dispatch_exposed_ms``: before you run it, what the shared expert leaves exposed of
+   the dispatch, from the simulated link's figures.
 
 Given pieces: ``workbook/expert_parallel/expert_parallel.py`` (the placement, the token
 bookkeeping, ``DispatchPlan``), ``deferred_wgrad.py`` (the experts' backward in two),
 ``two_batch.py`` (the two-micro-batch actions and the schedule check),
 ``two_batch_executor.py`` (what runs a schedule on the ranks, around your actions) and
 ``workbook/model/moe.py`` (the single-device layer: routing, capacity, the experts): read them
-first.
+first. Run: ``workbook run ep_overlap``; grade: ``workbook grade --lab ep_overlap``.
 """
 from __future__ import annotations
 
@@ -51,11 +52,11 @@ from workbook.expert_parallel import (
 def exchange_counts(counts: torch.Tensor, group=None) -> torch.Tensor:
     """Tell every rank how many rows it will receive from this rank, for each of its experts.
 
-    Lesson 13, section 2 ("Who sends what"). ``counts [E]`` (long): the rows this rank sends to
-    each expert. Returns ``recv_counts [ep, E/ep]`` (long): row ``s`` is what rank ``s`` sends to
-    each of this rank's experts, in expert order. One collective, on ``group``."""
+    Lesson 13, section 2 ("Dispatch and combine"). ``counts [E]`` (long): the rows this rank sends
+    to each expert. Returns a long tensor ``[n, E/n]`` (n ranks in the group): row s holds what
+    rank s sends to each of this rank's experts, in expert order. One collective, on the group."""
     ### BEGIN SOLUTION
-    ### hint 1: the counts for rank d's experts are exactly the d-th equal piece of counts, so one even all-to-all delivers them (lesson 13, section 2).
+    ### hint 1: the counts for rank d's experts are exactly the d-th equal piece of counts, so one even all-to-all delivers them (lesson 13, section 2, "Dispatch and combine").
     ### hint 2: send piece d of counts to rank d and receive one piece from every rank into a buffer of the same size; then view the buffer as one row per source rank.
     ### hint 3: recv = torch.empty_like(counts); dist.all_to_all_single(recv, counts.contiguous(), group=group); return recv.view(ep, -1)
     ep = dist.get_world_size(group)
@@ -67,19 +68,18 @@ def exchange_counts(counts: torch.Tensor, group=None) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- 2. the autograd op
 class AllToAll(torch.autograd.Function):
-    """Applied to rows ``x [N, H]``, the send and the receive splits and a process group: the
-    rows to every rank.
+    """Applied to rows ``x [N, H]``, the rows to send to each rank (a list of n ints), the rows to
+    receive from each rank (n ints) and a process group: the rows to every rank.
 
-    Lesson 13, section 3 ("Dispatch and combine are each other's backward"). The first
-    ``send_splits[0]`` rows go to rank 0, the next ``send_splits[1]`` to rank 1, ...; returns
-    ``[sum(recv_splits), H]``, rank 0's rows first. Any split may be zero (a rank that receives
-    nothing). Its backward sends each row's gradient back where the row came from: the same
-    all-to-all with the two lists swapped."""
+    Lesson 13, section 4 ("EP as an autograd op"); the exchange itself: section 2. The first
+    rows of ``x`` go to rank 0, the next to rank 1, and so on; the result holds the rows received,
+    rank 0's first. Any count may be zero (a rank that receives nothing). Differentiable: the
+    gradient of ``x`` is that of the rows it sent, wherever they went."""
 
     @staticmethod
     def forward(ctx, x, send_splits, recv_splits, group):
         ### BEGIN SOLUTION
-        ### hint 1: all_to_all_single takes the output's and the input's split sizes; the backward needs both lists again (lesson 13, section 3).
+        ### hint 1: all_to_all_single takes the output's and the input's split sizes; the backward needs both lists again (lesson 13, section 4, "EP as an autograd op"; the exchange: section 2).
         ### hint 2: keep the splits and the group on ctx; make an output of sum(recv_splits) rows of x's width; exchange with the two lists.
         ### hint 3: out = x.new_empty((sum(recv), *x.shape[1:])); dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
         ctx.splits, ctx.group = (list(send_splits), list(recv_splits)), group
@@ -92,7 +92,7 @@ class AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ### BEGIN SOLUTION
-        ### hint 1: a row's gradient must travel back the way the row came (lesson 13, section 3).
+        ### hint 1: a row's gradient must travel back the way the row came (lesson 13, section 4, "EP as an autograd op").
         ### hint 2: run the same op with the received splits as the sent ones and the other way round; no gradient for the three other arguments.
         ### hint 3: send, recv = ctx.splits; return AllToAll.apply(grad, recv, send, ctx.group), None, None, None
         send, recv = ctx.splits
@@ -105,14 +105,13 @@ def dispatch(x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor, num_exp
              group=None) -> tuple[torch.Tensor, DispatchPlan]:
     """Send this rank's kept assignments to the ranks of their experts.
 
-    Lesson 13, section 2 ("Who sends what") and section 3. ``x [T, H]`` this rank's tokens,
+    Lesson 13, section 2 ("Dispatch and combine"). ``x [T, H]`` this rank's tokens,
     ``experts [T, k]`` the router's choices, ``keep [T, k]`` the assignments inside the capacity.
     Returns the rows this rank's experts must process, expert-major (local expert 0's rows, from
-    every source in rank order, then expert 1's, ...), and the ``DispatchPlan`` its combine
-    needs. Two collectives: the counts, then the rows (uneven splits); dropped assignments never
-    travel."""
+    every source in rank order, then expert 1's, ...), and the plan its combine needs. Two
+    collectives: the counts, then the rows (uneven splits); dropped assignments never travel."""
     ### BEGIN SOLUTION
-    ### hint 1: the given bookkeeping does the sorting and the regrouping; your part is the two exchanges between them (lesson 13, sections 2 and 3).
+    ### hint 1: the given bookkeeping does the sorting and the regrouping; your part is the two exchanges between them (lesson 13, section 2, "Dispatch and combine").
     ### hint 2: sort the kept assignments by expert; exchange the per-expert counts; the rows to send per rank come from the counts, the rows received per rank from the received counts; send the sorted rows; regroup what arrived expert-major.
     ### hint 3: token, slot, counts = sort_by_expert(...); recv_counts = exchange_counts(counts, group); send = rank_splits(counts, ep); recv = recv_counts.sum(1); moved = AllToAll.apply(x[token], send, recv, group); order = expert_major_order(recv_counts); return moved[order], DispatchPlan(...)
     ep = dist.get_world_size(group)
@@ -131,12 +130,13 @@ def combine(y: torch.Tensor, weights: torch.Tensor, plan: DispatchPlan, num_toke
             group=None) -> torch.Tensor:
     """Bring the experts' outputs home, un-permute them and weight them by the router.
 
-    Lesson 13, section 3. ``y [M, H]`` the local experts' outputs in ``dispatch``'s expert-major
-    order, ``weights [T, k]`` the router's weights (their gradient must reach the router),
-    ``plan`` what ``dispatch`` returned. Returns ``[num_tokens, H]``: row ``t`` the sum over
-    token t's kept assignments of weight times expert output (zero for a token with none)."""
+    Lesson 13, section 2 ("Dispatch and combine"); the gradients: section 4. ``y [M, H]`` the local
+    experts' outputs in ``dispatch``'s expert-major order, ``weights [T, k]`` the router's weights
+    (their gradient must reach the router), ``plan`` what ``dispatch`` returned. Returns
+    ``[num_tokens, H]``: row t the sum over token t's kept assignments of weight times expert
+    output (zero for a token with none)."""
     ### BEGIN SOLUTION
-    ### hint 1: undo the dispatch step by step, in reverse order (lesson 13, section 3).
+    ### hint 1: undo the dispatch step by step, in reverse order (lesson 13, section 2, "Dispatch and combine").
     ### hint 2: put the rows back in source-major order; send them home with the dispatch's splits swapped; multiply each returned row by its assignment's weight; add each row into its token's row.
     ### hint 3: back = y[torch.argsort(plan.order)]; home = AllToAll.apply(back, plan.recv_splits, plan.send_splits, group); home = home * weights.reshape(-1)[plan.slot].unsqueeze(-1); y.new_zeros(num_tokens, H).index_add(0, plan.token, home)
     back = y[torch.argsort(plan.order)]                                         # source-major
@@ -149,15 +149,16 @@ def combine(y: torch.Tensor, weights: torch.Tensor, plan: DispatchPlan, num_toke
 # --------------------------------------------------------------------------- 4. the layer
 def ep_moe(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor:
     """The MoE layer on this rank: ``moe`` is this rank's part (``local_moe``), ``x [..., H]``
-    this rank's tokens. Lesson 13, section 4 ("The layer, distributed").
+    this rank's tokens. Lesson 13, section 1 ("Routing, and the load it makes"), and sections
+    2 and 4.
 
     Contract: on every rank the output equals the single-device layer's rows for this rank's
-    tokens, with ``groups = ep`` (this rank's tokens are one capacity group); so do the input's
-    gradient and each local expert's; the router's (and the shared expert's) gradients, summed
-    over the ranks, equal the single-device ones. ``moe.aux_loss`` is set to this rank's
-    load-balancing loss (its own tokens)."""
+    tokens, with one capacity group per rank (this rank's tokens are one group); so do the
+    input's gradient and each local expert's; the router's (and the shared expert's) gradients,
+    summed over the ranks, equal the single-device ones. The layer's auxiliary loss (as the
+    single-device layer sets it) is this rank's load-balancing loss, over its own tokens."""
     ### BEGIN SOLUTION
-    ### hint 1: the single-device MoE.forward is the recipe; only the run of the experts changes (lesson 13, section 4).
+    ### hint 1: the single-device MoE.forward is the recipe; only the run of the experts changes (lesson 13, sections 1, "Routing, and the load it makes", and 2).
     ### hint 2: flatten the tokens; route them; decide which assignments fit (this rank's tokens are one group); set the aux loss; dispatch; run the local experts on their runs of rows; combine; add the shared expert if there is one; restore the shape.
     ### hint 3: r = route(x2, moe.router.weight, k); keep = capacity_keep(r.experts, E, cf); rows, plan = dispatch(...); out = run_experts(moe.expert_list(), rows, plan.local_counts); y = combine(out, r.weights, plan, T, group) (+ moe.shared(x2))
     E, shape = moe.moe.num_experts, x.shape
@@ -179,11 +180,11 @@ def prepare_dispatch(x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor,
                      group=None) -> tuple[torch.Tensor, DispatchPlan]:
     """``dispatch`` up to the token exchange: the rows to send and the plan, nothing sent yet.
 
-    Lesson 13, section 5 ("Hide it behind the shared expert"). Same arguments as ``dispatch``.
+    Lesson 13, section 5 ("The shared expert behind the dispatch"). Same arguments as ``dispatch``.
     Returns ``x``'s rows in the order they are sent (``[N, H]``, sorted by expert; their gradient
-    reaches ``x``) and the ``DispatchPlan``. One collective: the counts."""
+    reaches ``x``) and the plan, as ``dispatch``'s. One collective: the counts."""
     ### BEGIN SOLUTION
-    ### hint 1: this is your dispatch with its token all-to-all and its regrouping taken out (lesson 13, section 5).
+    ### hint 1: this is your dispatch with its token all-to-all and its regrouping taken out (lesson 13, section 5, "The shared expert behind the dispatch").
     ### hint 2: sort the kept assignments; exchange the counts; build the plan from the counts sent and received; return the rows in sorted order with it.
     ### hint 3: token, slot, counts = sort_by_expert(...); recv_counts = exchange_counts(counts, group); return x[token], DispatchPlan(token, slot, rank_splits(counts, ep), recv_counts.sum(1) as ints, expert_major_order(recv_counts), recv_counts.sum(0) as ints)
     ep = dist.get_world_size(group)
@@ -216,18 +217,19 @@ class Pending:
 
 
 class StartAllToAll(torch.autograd.Function):
-    """``StartAllToAll.apply(x, pending)``: issue ``AllToAll``'s exchange of ``x`` with
-    ``pending``'s splits and return at once, with the buffer it will fill; its handle stays on
-    ``pending`` for ``WaitAllToAll``. Lesson 13, section 5.
+    """Applied to rows ``x`` and a ``Pending`` record: issue ``AllToAll``'s exchange of ``x``
+    with the record's splits and return at once, with the buffer it will fill; the handle stays on
+    the record for ``WaitAllToAll``.
+    Lesson 13, section 5 ("The shared expert behind the dispatch").
 
-    Backward: ``WaitAllToAll``'s backward started the reverse exchange, its buffer and handle
-    on ``pending``; wait for it, then pass that buffer on as ``x``'s gradient (the gradient
-    handed to this backward is only a placeholder)."""
+    Backward: ``WaitAllToAll``'s backward started the reverse exchange, its buffer and handle on
+    the record; wait for it, then pass that buffer on as ``x``'s gradient (the gradient handed to
+    this backward is only a placeholder)."""
 
     @staticmethod
     def forward(ctx, x, pending):
         ### BEGIN SOLUTION
-        ### hint 1: all_to_all_single returns a work handle instead of blocking when asked to; the buffer is not filled until it is waited on (lesson 13, section 5).
+        ### hint 1: all_to_all_single returns a work handle instead of blocking when asked to; the buffer is not filled until it is waited on (lesson 13, section 5, "The shared expert behind the dispatch").
         ### hint 2: keep pending on ctx; make the output buffer; issue the exchange asynchronously with pending's splits, its handle on pending; return the buffer.
         ### hint 3: out = x.new_empty((sum(pending.recv), *x.shape[1:])); pending.work = dist.all_to_all_single(out, x.contiguous(), pending.recv, pending.send, group=pending.group, async_op=True); return out
         ctx.pending = pending
@@ -240,7 +242,7 @@ class StartAllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ### BEGIN SOLUTION
-        ### hint 1: by the time autograd gets here, the reverse exchange has been travelling while other gradients were computed (lesson 13, section 5).
+        ### hint 1: by the time autograd gets here, the reverse exchange has been travelling while other gradients were computed (lesson 13, section 5, "The shared expert behind the dispatch").
         ### hint 2: wait for the exchange on pending; its buffer, now filled, is x's gradient.
         ### hint 3: ctx.pending.wait("backward"); return ctx.pending.buffer, None
         ctx.pending.wait("backward")
@@ -249,17 +251,18 @@ class StartAllToAll(torch.autograd.Function):
 
 
 class WaitAllToAll(torch.autograd.Function):
-    """``WaitAllToAll.apply(buffer, pending)``: wait for the exchange ``StartAllToAll`` issued
-    and return the filled buffer (a view). Lesson 13, section 5.
+    """Applied to the buffer ``StartAllToAll`` returned and the same record: wait for the
+    exchange and return the filled buffer (a view).
+    Lesson 13, section 5 ("The shared expert behind the dispatch").
 
-    Backward: *start* the reverse exchange of the incoming gradient (the splits swapped), keep its
-    handle and its buffer on ``pending`` (``StartAllToAll``'s backward waits) and return the
-    incoming gradient itself as a placeholder (it has the buffer's shape; nothing reads it)."""
+    Backward: *start* the reverse exchange of the incoming gradient, keep its handle and its
+    buffer on the record (``StartAllToAll``'s backward waits) and return the incoming gradient
+    itself as a placeholder (it has the buffer's shape; nothing reads it)."""
 
     @staticmethod
     def forward(ctx, buffer, pending):
         ### BEGIN SOLUTION
-        ### hint 1: the forward's wait belongs here, after the compute placed between the two ops (lesson 13, section 5).
+        ### hint 1: the forward's wait belongs here, after the compute placed between the two ops (lesson 13, section 5, "The shared expert behind the dispatch").
         ### hint 2: keep pending on ctx, wait, and return a new view of the buffer.
         ### hint 3: ctx.pending = pending; pending.wait("forward"); return buffer.view_as(buffer)
         ctx.pending = pending
@@ -270,7 +273,7 @@ class WaitAllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ### BEGIN SOLUTION
-        ### hint 1: a row's gradient travels back the way the row came, and nothing here needs it yet (lesson 13, section 5).
+        ### hint 1: a row's gradient travels back the way the row came, and nothing here needs it yet (lesson 13, section 5, "The shared expert behind the dispatch").
         ### hint 2: make a buffer of the sent rows' size on pending; issue the exchange into it with the splits swapped, asynchronously, its handle on pending; return the gradient you got.
         ### hint 3: p = ctx.pending; p.buffer = grad.new_empty((sum(p.send), *grad.shape[1:])); p.work = dist.all_to_all_single(p.buffer, grad.contiguous(), p.send, p.recv, group=p.group, async_op=True); return grad, None
         p = ctx.pending
@@ -283,16 +286,17 @@ class WaitAllToAll(torch.autograd.Function):
 
 def ep_moe_shared_overlap(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor:
     """``ep_moe`` with the shared expert computed while the dispatch's tokens travel, and its
-    backward while the dispatch's backward travels. Lesson 13, section 5.
+    backward while the dispatch's backward travels.
+    Lesson 13, section 5 ("The shared expert behind the dispatch").
 
-    Contract: ``ep_moe``'s (the same outputs, gradients and ``aux_loss``); ``moe`` must have a
-    shared expert (``ValueError`` otherwise). On the link, neither the dispatch's exchange nor
-    its backward is waited on before the shared expert's matrix products ran."""
+    Contract: ``ep_moe``'s (the same outputs, gradients and load-balancing loss); ``moe`` must
+    have a shared expert (a ``ValueError`` otherwise). On the link, neither the dispatch's
+    exchange nor its backward is waited on before the shared expert's matrix products ran."""
     if moe.shared is None:
         raise ValueError("ep_moe_shared_overlap needs a shared expert to hide the dispatch behind: "
                          "set MoEConfig(shared_expert=True), or use ep_moe")
     ### BEGIN SOLUTION
-    ### hint 1: ep_moe with its dispatch cut in two around the shared expert; autograd runs the backward in the reverse order, so the same two ops hide its backward (lesson 13, section 5).
+    ### hint 1: ep_moe with its dispatch cut in two around the shared expert; autograd runs the backward in the reverse order, so the same two ops hide its backward (lesson 13, section 5, "The shared expert behind the dispatch").
     ### hint 2: route, keep, aux loss as in ep_moe; prepare the dispatch; start the exchange; compute the shared expert; wait; regroup, run the experts, combine; add the shared output.
     ### hint 3: rows, plan = prepare_dispatch(...); p = Pending("dispatch", plan.send_splits, plan.recv_splits, group); buf = StartAllToAll.apply(rows, p); shared = moe.shared(x2); moved = WaitAllToAll.apply(buf, p); out = run_experts(..., moved[plan.order], plan.local_counts); combine(...) + shared
     E, shape = moe.moe.num_experts, x.shape
@@ -317,8 +321,8 @@ class AllToAllThenWgrad(torch.autograd.Function):
     """Applied to ``AllToAll``'s four arguments and the store of the experts' deferred weight
     gradients: ``AllToAll``'s forward. Lesson 13, section 6 ("Deferred weight gradients").
 
-    Backward: start the reverse exchange without waiting, compute the experts' weight gradients
-    waiting in the store while it travels, then wait and return it."""
+    Backward: ``AllToAll``'s gradient, with the weight gradients waiting in the store computed
+    while that gradient travels; once it returns, the store is empty."""
 
     @staticmethod
     def forward(ctx, x, send_splits, recv_splits, group, store):
@@ -328,7 +332,7 @@ class AllToAllThenWgrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ### BEGIN SOLUTION
-        ### hint 1: by now the experts' backward has computed their input gradients and stashed the rest; the exchange needs only the former (lesson 13, section 6).
+        ### hint 1: by now the experts' backward has computed their input gradients and stashed the rest; the exchange needs only the former (lesson 13, section 6, "Deferred weight gradients").
         ### hint 2: issue the reverse exchange asynchronously (the splits swapped); flush the store while it travels; wait; return the buffer.
         ### hint 3: send, recv = ctx.splits; out = grad.new_empty((sum(send), ...)); work = dist.all_to_all_single(out, grad.contiguous(), send, recv, group=ctx.group, async_op=True); ctx.store.flush(); work.wait(); return out, None, None, None, None
         send, recv = ctx.splits
@@ -345,13 +349,14 @@ class AllToAllThenWgrad(torch.autograd.Function):
 
 def ep_moe_deferred_wgrad(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor:
     """``ep_moe`` whose backward computes the experts' weight gradients while the dispatch's
-    backward (the rows' gradients going home) travels. Lesson 13, section 6.
+    backward (the rows' gradients going home) travels.
+    Lesson 13, section 6 ("Deferred weight gradients").
 
-    Contract: ``ep_moe``'s (the same outputs, gradients and ``aux_loss``); once ``backward``
-    returns, every local expert's gradient is in place. On the link, the dispatch's backward is
-    not waited on before the weight gradients' products ran."""
+    Contract: ``ep_moe``'s (the same outputs, gradients and load-balancing loss); once the
+    backward pass returns, every local expert's gradient is in place. On the link, the
+    dispatch's backward is not waited on before the weight gradients' products ran."""
     ### BEGIN SOLUTION
-    ### hint 1: ep_moe with the experts run by the given deferred runner and the token exchange by the op above (lesson 13, section 6).
+    ### hint 1: ep_moe with the experts run by the given deferred runner and the token exchange by the op above (lesson 13, section 6, "Deferred weight gradients").
     ### hint 2: route, keep, aux loss; prepare the dispatch; exchange the rows with the op that flushes a store in its backward; run the experts deferred on that store; combine; add the shared expert.
     ### hint 3: store = ExpertGradStore(); moved = AllToAllThenWgrad.apply(rows, plan.send_splits, plan.recv_splits, group, store); out = run_experts_deferred(moe.expert_list(), moved[plan.order], plan.local_counts, store)
     E, shape = moe.moe.num_experts, x.shape
@@ -375,15 +380,15 @@ def ep_moe_deferred_wgrad(moe: MoE, x: torch.Tensor, group=None) -> torch.Tensor
 def two_batch_schedule(phase: str, deferred_wgrad: bool = False) -> list[tuple]:
     """The order of two micro-batches' actions through the layer in ``phase``, a pure function.
 
-    Lesson 13, section 7 ("Two micro-batches"). Actions are ``(kind, micro_batch, step)``
-    tuples, listed with their dependencies in ``workbook/expert_parallel/two_batch.py``;
-    ``deferred_wgrad`` adds a ``("compute", X, "wgrad")`` per micro-batch to the backward.
-    Contract: ``check_schedule(two_batch_schedule(phase, d), phase, d)`` passes: every action
-    once, dependencies first, and no transfer waited on while a compute that does not need it
-    was ready and nothing had run since the transfer started. In a single layer, one transfer
-    per pass has nothing to hide behind (the last of the forward, the first of the backward)."""
+    Lesson 13, section 7 ("Two micro-batches against each other"). Actions are (kind, micro-batch,
+    step) tuples, listed with their dependencies in ``workbook/expert_parallel/two_batch.py``;
+    ``deferred_wgrad`` adds one weight-gradient compute per micro-batch to the backward. Contract:
+    the given schedule check accepts it for ``phase`` and ``deferred_wgrad``: every action once,
+    dependencies first, and no transfer waited on while a compute that does not need it was ready
+    and nothing had run since the transfer started. ``phase``: forward or backward, anything else a
+    ``ValueError``."""
     ### BEGIN SOLUTION
-    ### hint 1: while one micro-batch's tokens travel, the other computes; a wait goes as late as the next compute of the travelling micro-batch (lesson 13, section 7).
+    ### hint 1: while one micro-batch's tokens travel, the other computes; a wait goes as late as the next compute of the travelling micro-batch; in one layer, one transfer per pass has nothing to hide behind, the last of the forward and the first of the backward (lesson 13, section 7, "Two micro-batches against each other").
     ### hint 2: forward: A computes and starts; B computes (A travels) and starts; A waits and computes (B travels) ... alternate to the end. Backward: both start their combine's backward, then the same alternation; the weight gradients fill a gap after a start.
     ### hint 3: forward: A.router, start A.dispatch, B.router, start B.dispatch, wait A.dispatch, A.experts, start A.combine, wait B.dispatch, B.experts, start B.combine, wait A.combine, wait B.combine
     if phase == "forward":
@@ -409,14 +414,16 @@ def two_batch_schedule(phase: str, deferred_wgrad: bool = False) -> list[tuple]:
 
 class TwoBatchMoE(TwoBatchExecutor):
     """The layer on this rank, its tokens cut into micro-batches A (the first half of the rows)
-    and B (the second), run in a schedule's order: ``TwoBatchMoE(moe, group)(x)``.
+    and B (the second), run in a schedule's order: built from this rank's part of the layer and
+    a group, then called on the tokens.
 
-    Lesson 13, section 7. Contract: each micro-batch is its own capacity group, so the result
-    equals the single-device layer with ``groups = 2 ep``; the output, the input's gradient and
-    the parameters' gradients as in ``ep_moe``'s contract (no ``aux_loss``). The given
-    ``TwoBatchExecutor`` (``workbook/expert_parallel/two_batch_executor.py``: read it first)
-    runs your two action methods in the schedules' order, each piece of a micro-batch's layer in
-    an autograd graph of its own, the pieces meeting at leaves across the exchanges."""
+    Lesson 13, section 7 ("Two micro-batches against each other"). Contract: each micro-batch is
+    its own capacity group, so the result equals the single-device layer with two groups per rank;
+    the output, the input's gradient and the parameters' gradients as in ``ep_moe``'s contract (no
+    auxiliary loss). The given ``TwoBatchExecutor``
+    (``workbook/expert_parallel/two_batch_executor.py``: read it first) runs your two action
+    methods in the schedules' order, each piece of a micro-batch's layer in an autograd graph of
+    its own, the pieces meeting at leaves across the exchanges."""
 
     def __init__(self, moe: MoE, group=None, deferred_wgrad: bool = False,
                  forward: list | None = None, backward: list | None = None):
@@ -441,7 +448,7 @@ class TwoBatchMoE(TwoBatchExecutor):
         After the combine's wait, ``self.mb[mb]["y"]`` is the micro-batch's output ``[T/2, H]``."""
         s, moe, E = self.mb[mb], self.moe, self.moe.moe.num_experts
         ### BEGIN SOLUTION
-        ### hint 1: each action is a piece of ep_moe; tensors that cross an exchange become new leaves on the far side, so each piece's backward can run on its own (lesson 13, section 7).
+        ### hint 1: each action is a piece of ep_moe; tensors that cross an exchange become new leaves on the far side, so each piece's backward can run on its own (lesson 13, section 7, "Two micro-batches against each other").
         ### hint 2: router: route, keep, prepare the dispatch, the shared expert; start: self.exchange with the plan's splits; wait: wait the handle, mark the received buffer as a leaf that wants a gradient; experts: regroup, run (deferred under the micro-batch's key when there is a store), back to source-major; combine's wait: the received rows, the router weights and the shared output as leaves, weighted and added as in combine.
         ### hint 3: the dispatch exchange is self.exchange(s, "recv", s["send"], plan.recv_splits, plan.send_splits); the combine's is self.exchange(s, "home", s["back"], plan.send_splits, plan.recv_splits)
         if (kind, step) == ("compute", "router"):
@@ -496,7 +503,7 @@ class TwoBatchMoE(TwoBatchExecutor):
         parameter's gradient has been added to."""
         s = self.mb[mb]
         ### BEGIN SOLUTION
-        ### hint 1: run each piece's backward by hand, with torch.autograd.grad or .backward on the piece's outputs and the gradients that arrived (lesson 13, section 7).
+        ### hint 1: run each piece's backward by hand, with torch.autograd.grad or .backward on the piece's outputs and the gradients that arrived (lesson 13, section 7, "Two micro-batches against each other").
         ### hint 2: combine's start: the output's backward to the three leaves, then send the rows' gradient back (splits as in the forward's dispatch); experts: the experts' backward from the arrived gradient; dispatch's start: send the received buffer's gradient home; wgrad: flush the store under the micro-batch's key; router: one backward from the sent rows, the weights and the shared output with their gradients.
         ### hint 3: grads = torch.autograd.grad(s["y"], s["leaves"], s["grad"]); self.exchange(s, "g_back", grads[0], plan.recv_splits, plan.send_splits); ... torch.autograd.backward([s["send"], s["weights"], (s["shared"])], [s["g_send"], grads[1], (grads[2])])
         plan = s["plan"]
@@ -518,3 +525,44 @@ class TwoBatchMoE(TwoBatchExecutor):
             torch.autograd.backward(roots, grads)
         ### END SOLUTION
 ### END CHALLENGE
+
+
+# --------------------------------------------------------------------------- 8. prediction
+def predict_dispatch_exposed_ms(link, sent_rows, hidden: int, itemsize: int,
+                                t_shared_ms: float) -> float:
+    """Predict, before running it, the ms of the dispatch's all-to-all that stay exposed in
+    ``ep_moe_shared_overlap``'s forward pass, where the shared expert computes while the tokens
+    travel, on the simulated ``link``.
+
+    Lesson 13, section 8 ("Predict, then measure"); what an uneven all-to-all costs: section 3
+    ("The all-to-all's cost: the busiest receiver").
+
+    * ``link``: a ``workbook.link.cost_model.Link``, the simulated link of one node; its
+      alpha-beta figures are the latency of one operation in seconds and the bandwidth in bytes
+      per second;
+    * ``sent_rows``: n lists of n ints, the dispatch's rows (tokens) from each rank (the list) to
+      each rank (its entries), a rank's rows to itself included; a rank may receive none;
+    * ``hidden`` / ``itemsize``: a row is ``hidden`` elements of ``itemsize`` bytes;
+    * ``t_shared_ms``: the shared expert's compute, begun as the exchange starts.
+
+    Returns the ms the rank still waits for the exchange once the shared expert is done, as the
+    simulated link times an uneven all-to-all (``workbook/link/topology.py``). The grader
+    compares it with the model's value on several exchanges and links; ``workbook run
+    ep_overlap`` prints it beside the model and the measurement."""
+    ### BEGIN SOLUTION
+    ### hint 1: two parts: what the exchange costs on the alpha-beta link, which its busiest rank decides, then how much of it the shared expert covers (lesson 13, section 3, "The all-to-all's cost: the busiest receiver", and section 8, "Predict, then measure").
+    ### hint 2: for every rank add up the bytes it sends to the others and the bytes it receives from the others (what it keeps never travels); the largest of all those sums, sending or receiving, is the busiest rank's; the exchange takes the latency plus those bytes over the bandwidth, in ms (mind bytes, not elements); the shared expert covers up to its own time of it, and nothing is exposed below zero.
+    ### hint 3: row = hidden * itemsize; busiest = max over r of max(sum(sent_rows[r][d] for d != r), sum(sent_rows[s][r] for s != r)) * row; t_ms = 1e3 * (link.latency_s + busiest / link.bandwidth_Bps); return max(0.0, t_ms - t_shared_ms)
+    n = len(sent_rows)
+    if n <= 1:
+        return 0.0                                        # nothing leaves the rank
+    busiest = max(max(sum(sent_rows[r][d] for d in range(n) if d != r),
+                      sum(sent_rows[s][r] for s in range(n) if s != r)) for r in range(n))
+    t_ms = 1e3 * (link.latency_s + busiest * hidden * itemsize / link.bandwidth_Bps)
+    return max(0.0, t_ms - t_shared_ms)
+    ### END SOLUTION
+
+
+if __name__ == "__main__":
+    from workbook.selfcheck import main
+    main(__file__)

@@ -17,7 +17,9 @@ and then, on ranks:
 
 4. ``OverlappedChunkedExecutor``: a rank's chunks running any of these schedules, each action's
    input already travelling while the action before it computes, the sends waited for only at
-   the end (lab 10's overlapped executor, with chunks and the split backward).
+   the end (lab 10's overlapped executor, with chunks and the split backward);
+5. ``predict_step_ms``: before you run it, the step time of one of your schedules on your
+   executor over the simulated link, from the link's figures and the measured compute.
 
 An action is a triple ``(kind, micro_batch, chunk)``, kind F (forward), B (backward: the input
 gradient in a schedule that has W's, the whole backward in one that has none) or W (weight
@@ -35,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from workbook.pipeline_parallel import (B, F, INTERLEAVED, V_SHAPE, W, ChunkedExecutor,
-                                        check_interleaved_shape)
+                                        check_interleaved_shape, simulate_chunked)
 
 
 # --------------------------------------------------------------------------- 1. interleaved 1F1B
@@ -314,3 +316,39 @@ class OverlappedChunkedExecutor(ChunkedExecutor):
         self.receives, self.posted, self.sends, self.handed = {}, {}, [], {}
         return super().step(tokens, targets, schedules)
 ### END CHALLENGE
+
+
+# --------------------------------------------------------------------------- 5. prediction
+def predict_step_ms(link, schedule: str, p: int, v: int, m: int, shape: tuple, itemsize: int,
+                    t_f_ms: float, t_b_ms: float, t_w_ms: float) -> float:
+    """Predict, before running it, the step time in ms of your schedule ``schedule`` (a key of
+    ``SCHEDULES``) on ``p`` ranks holding ``v`` chunks each, ``m`` micro-batches, run by
+    ``OverlappedChunkedExecutor`` on the simulated ``link``.
+
+    Lesson 12, section 7 ("Predict your step").
+
+    * ``link``: a ``workbook.link.cost_model.Link``; its alpha-beta figures are the latency of
+      one operation in seconds and the bandwidth in bytes per second;
+    * ``shape``: the activation that crosses a boundary between two stages (its gradient has the
+      same shape), three sizes (rows, sequence length, hidden size), elements of ``itemsize``
+      bytes;
+    * ``t_f_ms`` / ``t_b_ms`` / ``t_w_ms``: the measured compute of one micro-batch's forward /
+      input-gradient backward (B) / weight-gradient backward (W) through a rank's WHOLE share of
+      the model (all its chunks together: lab 10's stage).
+
+    Returns the step time in ms of the paper model of ``simulate_chunked``: a rank runs its
+    actions in order, each as soon as the rank is free and its input is there; an input made on
+    another rank arrives one transfer time after the action that made it ends, one made on the
+    same rank at once; sends never block. The grader compares it with the model's value on
+    several pipelines and links; ``workbook run pp_schedules`` prints it beside the model and
+    the measured step."""
+    ### BEGIN SOLUTION
+    ### hint 1: three parts: the time of one transfer on the alpha-beta link, the cost of one chunk action, then your schedule played on paper with both (lesson 12, section 7, "Predict your step").
+    ### hint 2: one transfer costs the link's latency plus the bytes of one activation (rows x seq x hidden elements of itemsize bytes) over its bandwidth, in ms; a chunk holds 1/v of a rank's layers, so each of its actions costs 1/v of the whole stage's; play every rank's actions of your schedule, with its own placement (SCHEDULES), in simulate_chunked with those costs and that transfer time, and read the step (the V's turn and an unsplit B are its business).
+    ### hint 3: c_ms = 1e3 * (link.latency_s + rows * seq * hidden * itemsize / link.bandwidth_Bps); fn, placement = SCHEDULES[schedule]; return simulate_chunked(all_ranks(fn, p, v, m), p, v, placement, t_f=t_f_ms / v, t_b=t_b_ms / v, t_w=t_w_ms / v, t_p2p=c_ms).step
+    rows, seq, hidden = shape
+    c_ms = 1e3 * (link.latency_s + rows * seq * hidden * itemsize / link.bandwidth_Bps)
+    fn, placement = SCHEDULES[schedule]
+    return simulate_chunked(all_ranks(fn, p, v, m), p, v, placement, t_f=t_f_ms / v,
+                            t_b=t_b_ms / v, t_w=t_w_ms / v, t_p2p=c_ms).step
+    ### END SOLUTION

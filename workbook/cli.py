@@ -16,6 +16,8 @@
     workbook bench pp_overlap             GPipe and 1F1B, blocking and overlapped p2p, vs no communication
     workbook bench cp_ring                ring attention's K/V exchange hidden, contiguous vs zig-zag, S sweep
     workbook bench pp_schedules           1F1B, interleaved, ZB-H1, ZBV vs no communication, beside the formulas
+    workbook bench ep_overlap             MoE all-to-all hidden (shared expert, two micro-batches, deferred wgrad), 1 and 2 nodes
+    workbook plan --model M --seq S ...   predict a TP/CP/PP/DP split's step, TFLOP/s, MFU (--search ranks)
 """
 from __future__ import annotations
 
@@ -249,6 +251,11 @@ def cmd_demo(args) -> int:
     return run_demo(args.nproc, args.link, args.out)
 
 
+def cmd_plan(args) -> int:
+    from workbook.capstone.plan_cli import run
+    return run(args)
+
+
 def _check_link(name: str | None) -> None:
     """--link: a preset name, else the one-line error every bad input gets."""
     from workbook.link import presets as link                # torch-free: the CLI starts fast
@@ -391,6 +398,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the labs' level: guided, standard (the default) or challenge")
     p.set_defaults(func=cmd_release)
 
+    p = sub.add_parser("plan", help="predict step time, TFLOP/s and MFU of a TP/CP/PP/DP split",
+                       description="Predict one training step of a model on a cluster from the "
+                                   "course's formulas (docs/plan-llama3.md); --search ranks every "
+                                   "split that fits in memory. Exit status 0 it fits, 1 it does "
+                                   "not, 2 a usage error or a broken rule.")
+    from workbook.capstone.plan_cli import add_arguments as add_plan_arguments
+    add_plan_arguments(p)
+    p.set_defaults(func=cmd_plan)
+
     for extra in ("workbook.trace.cli", "workbook.communication.bandwidth_bench", "workbook.instructor.autograder"):
         try:
             __import__(extra, fromlist=["register"]).register(sub)
@@ -416,6 +432,9 @@ MODEL_BENCHES = {
     "pp_schedules": ("pp_schedules", "1F1B, interleaved 1F1B (v = 2, 4), ZB-H1 and ZBV vs the "
                      "no-communication step, each bubble beside its formula and "
                      "simulate_chunked with the measured costs."),
+    "ep_overlap": ("ep_overlap", "an MoE layer's all-to-all hidden behind the shared expert, a "
+                   "second micro-batch and deferred weight gradients vs no overlap and the "
+                   "no-communication step, on one node and across two."),
 }
 
 

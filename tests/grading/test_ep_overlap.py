@@ -1,7 +1,6 @@
-"""Autograder for lab 13, ``ep_overlap``: the schedule, the numbers, the traffic, the overlap.
-
-(Staged as ``tests/grading/test_ep_overlap.py.draft`` until the lab is registered; the package's
-``tests/package/test_ep_overlap_grader.py`` grades the draft reference and the wrong labs with it.)
+"""Autograder for lab 13, ``ep_overlap``: the schedule, the numbers, the traffic, the overlap, the
+prediction. (``tests/package/test_ep_overlap_grader.py`` grades the reference and the wrong labs
+of ``tests/grading/wrong/ep_overlap_*`` with it.)
 
 The schedule (instant, no ranks): ``two_batch_schedule`` for the forward, the backward and the
 backward with deferred weight gradients goes through the given ``check_schedule`` (every action
@@ -36,6 +35,13 @@ every token exchange but the last of the forward and the first of the backward w
 after the other micro-batch computed. Then a floor on the share of the pass's all-to-all link time
 hidden, read from the trace, kept low: the structure carries these tests. Numbers first, as in
 every lab: traffic and overlap earn nothing while the variant's numerics fail.
+
+Prediction (instant, no ranks): ``predict_dispatch_exposed_ms`` for four uneven dispatches (one
+where a rank receives nothing, one where a rank that receives nothing is the busiest sender, one
+the shared expert hides entirely) on two link presets, against the model
+(``workbook.expert_parallel.ep_overlap_report.dispatch_exposed_model``: the link's own cost of
+the uneven all-to-all, less the shared expert's time); a value that equals a known wrong
+derivation gets a message naming that term, and one read from the link's cost is refused.
 """
 from __future__ import annotations
 
@@ -68,7 +74,7 @@ VARIANTS = ("ep_moe", "shared_overlap", "deferred_wgrad", "two_batch", "two_batc
 CALL = {"ep_moe": "ep_moe", "shared_overlap": "ep_moe_shared_overlap",
         "deferred_wgrad": "ep_moe_deferred_wgrad", "two_batch": "TwoBatchMoE",
         "two_batch_deferred": "TwoBatchMoE(deferred_wgrad=True)"}
-SECTION = {"ep_moe": "sections 2 to 4", "shared_overlap": "section 5",
+SECTION = {"ep_moe": "sections 2 and 4", "shared_overlap": "section 5",
            "deferred_wgrad": "section 6", "two_batch": "section 7",
            "two_batch_deferred": "section 7"}
 TRAFFIC_CASE = ("gpt", 8, 2, 0.75, True, False)          # drops: a dropped row never travels
@@ -160,6 +166,55 @@ def test_two_batch_schedule_order():
     problems = [p for p in (schedule_problem(lab, ph, d, True) for ph, d in PHASES) if p]
     if problems:
         raise AssertionError(problems[0])
+
+
+# --------------------------------------------------------------------------- prediction
+#: (link preset, sent_rows [src][dst], hidden, itemsize, shared expert ms): 2 ranks both ways;
+#: 4 ranks where rank 3 receives nothing and, sending 210 rows, is the busiest; 3 ranks where
+#: the bandwidth term dominates; 4 ranks where rank 2 receives nothing and the shared expert
+#: outlasts the exchange (nothing exposed)
+PREDICTION_CASES = [
+    ("dgx-h100", [[150, 120], [260, 90]], 512, 4, 8.0),
+    ("dgx-h100", [[40, 30, 50, 0], [10, 60, 20, 0], [30, 25, 35, 0], [70, 60, 80, 60]], 1024, 2,
+     5.0),
+    ("dgx-h100", [[100, 300, 200], [400, 50, 0], [350, 0, 60]], 2048, 4, 60.0),
+    ("pcie-h100", [[0, 12, 0, 5], [8, 0, 0, 3], [9, 4, 0, 0], [0, 0, 0, 7]], 256, 4, 150.0),
+]
+PREDICTION_FLOPS = 40e9         # the local matmul rate the links are calibrated to
+MODEL_NAMES = ("dispatch_exposed_model", "ep_overlap_report", "all_to_all_time",
+               "busiest_rank_bytes")
+
+
+@pytest.mark.points(2)
+@pytest.mark.tasks("predict_dispatch_exposed_ms")
+def test_predict_dispatch_exposed_ms():
+    """The dispatch's exposed ms behind the shared expert, predicted from the link's alpha-beta
+    figures, for four uneven exchanges (a rank receiving nothing among them) on two links:
+    equal to the model's."""
+    from workbook.expert_parallel.ep_overlap_report import dispatch_exposed_model
+    from workbook.grading.labs import load_lab
+    from workbook.grading.predictions import judge_prediction, reads_the_model
+    from workbook.link.cost_model import make_link
+    lab = load_lab(LAB)
+    copied = reads_the_model(lab.predict_dispatch_exposed_ms, MODEL_NAMES)
+    if copied:
+        raise AssertionError(copied)
+    for preset, rows, hidden, itemsize, t_shared in PREDICTION_CASES:
+        link = make_link(preset, PREDICTION_FLOPS)
+        model, mistakes = dispatch_exposed_model(link, rows, hidden, itemsize, t_shared)
+        got = lab.predict_dispatch_exposed_ms(link, [list(r) for r in rows], hidden, itemsize,
+                                              t_shared)
+        problem = judge_prediction(
+            got, model, mistakes, what="the dispatch's exposed all-to-all",
+            terms="the busiest rank's bytes (the most any rank sends to the others or receives "
+                  "from them, rows x hidden x itemsize); the exchange = the link's latency + "
+                  "those bytes / its bandwidth, in ms; minus the shared expert's time, not below "
+                  "zero (lesson 13, sections 3 and 8)")
+        if problem:
+            raise AssertionError(
+                f"predict_dispatch_exposed_ms(link={preset} ({1e3 * link.latency_s:.3g} ms "
+                f"latency, {link.bandwidth_Bps / 1e6:.3g} MB/s), sent_rows={rows}, "
+                f"hidden={hidden}, itemsize={itemsize}, t_shared_ms={t_shared}): {problem}")
 
 
 # --------------------------------------------------------------------------- the cases
@@ -285,7 +340,7 @@ def _run_numbers() -> dict:
                 out[variant, c] = {
                     "y": y.detach(), "gx": xr.grad,
                     "grads": {n: p.grad for n, p in layer.named_parameters()},
-                    "aux": None if aux is None else float(aux)}
+                    "aux": None if aux is None else float(aux.detach())}
             except Exception as exc:                  # noqa: BLE001 - judged by the test
                 out[variant, c] = rank_error(exc)
     return to_cpu(out)
@@ -325,7 +380,7 @@ def _err(got, want) -> float:
 
 SPLIT_HINT = ("all_to_all_single(output, input, output_split_sizes, input_split_sizes) takes the "
               "splits of what this rank receives first and of what it sends second; swapped, they "
-              "describe neither tensor (lesson 13, section 3)")
+              "describe neither tensor (lesson 13, section 2)")
 
 
 def _raise_if_failed(entry, rank: int, n: int, what: str) -> None:
@@ -384,7 +439,7 @@ def check_numbers(variant: str, n: int) -> None:
                 + " where the single-device layer's is not. The outputs are right, so the "
                   "gradient is lost on its way back: the combine's product with the router "
                   "weights must stay in the autograd graph (never detach them): with k = 2 "
-                  "they carry the router's gradient (lesson 13, section 3)")
+                  "they carry the router's gradient (lesson 13, section 4)")
         for r, entry in enumerate(entries):
             e = _err(entry["gx"], gx[rows[r]])
             if e > ATOL:
@@ -392,7 +447,7 @@ def check_numbers(variant: str, n: int) -> None:
                     f"rank {r} of {n}: {what}: the input's gradient is off by up to {e:.3g} "
                     f"(right outputs): each row's gradient must travel back the way the row came, "
                     f"the same all-to-all with the send and receive splits swapped (AllToAll's "
-                    f"backward; lesson 13, section 3)")
+                    f"backward; lesson 13, section 4)")
             for name, g in entry["grads"].items():
                 if name.startswith("experts.") and _err(g, want[name]) > ATOL:
                     raise AssertionError(
@@ -415,7 +470,7 @@ def check_numbers(variant: str, n: int) -> None:
                         f"rank {r} of {n}: {what}: moe.aux_loss is {entry['aux']}, this rank's "
                         f"load-balancing loss over its own tokens is {aux[r]:.12g}: set "
                         f"moe.aux_loss = load_balancing_loss(probs, experts) (lesson 13, "
-                        f"section 4)")
+                        f"section 1)")
 
 
 def _numbers_test(variant: str, tasks: tuple, points: float, doc: str):

@@ -10,6 +10,13 @@ A schedule that differs is told where, and how its bubble and its activations in
 with the schedule it should be (``simulate_chunked``, t_F = t_B = t_W), which is what the order
 is for. Interleaved 1F1B with one chunk is lab 10's 1F1B (torch's ``Schedule1F1B``).
 
+Prediction (instant, no ranks): ``predict_step_ms`` for four pipelines (interleaved 1F1B, ZB-H1,
+ZBV twice) on four link presets, against the model
+(``workbook.pipeline_parallel.pp_schedules_report.step_model``: ``simulate_chunked`` of PyTorch's
+order with a whole stage's compute divided by v and the link's alpha-beta time for one activation
+between two ranks, none at the V's turn); a value that equals a known wrong derivation gets a
+message naming that term; a prediction that calls the package's model is refused.
+
 Numerics (fp64, 2 and 4 ranks, 8 micro-batches of 2 rows, GPT and Llama): the learner's
 ``OverlappedChunkedExecutor`` runs one step of each schedule *in PyTorch's order* (so the
 executor is graded on its own, whatever the state of the schedule functions): the loss on the
@@ -145,6 +152,59 @@ def test_zb_h1_schedule():
 def test_zbv_schedule():
     """ZBV: two chunks per rank in a V, the backward split."""
     _grade("zbv")
+
+
+# --------------------------------------------------------------------------- prediction
+#: (link preset, schedule, p, v, m, activation shape, itemsize, a whole stage's F, B, W in ms)
+PREDICTION_CASES = [
+    ("dgx-h100", "interleaved_1f1b", 2, 2, 8, (2, 256, 256), 4, 120.0, 100.0, 110.0),
+    ("dgx-a100", "zb_h1", 4, 1, 8, (1, 128, 512), 8, 80.0, 70.0, 60.0),
+    ("pcie-h100", "zbv", 4, 2, 8, (1, 256, 128), 4, 300.0, 280.0, 260.0),
+    ("dgx-h100-ib", "zbv", 2, 2, 6, (2, 128, 256), 4, 150.0, 160.0, 140.0),
+]
+PREDICTION_FLOPS = 40e9         # the local matmul rate the links are calibrated to
+
+
+def prediction_model(name: str, p: int, v: int, m: int, link, shape, itemsize: int,
+                     t_f: float, t_b: float, t_w: float) -> tuple[float, dict]:
+    """The model's step and the known wrong derivations' values for PyTorch's order of ``name``."""
+    from workbook.pipeline_parallel.pp_schedules_report import step_model
+    peer = "1f1b" if (name, v) == ("interleaved_1f1b", 1) else name
+    acts = torch_order(peer, p, v, m)
+    if isinstance(acts, str):                      # the grader's own set-up, not the learner's
+        raise RuntimeError(f"cannot read torch's order for {name} (p={p}, v={v}, m={m}): {acts}")
+    return step_model(name, acts, TORCH_CLASS[peer][1], link, shape, itemsize, t_f, t_b, t_w)
+
+
+@pytest.mark.points(3)
+@pytest.mark.tasks("predict_step_ms")
+def test_predict_step_ms():
+    """The step of each schedule with overlapped p2p, predicted from the link's alpha-beta
+    figures and a whole stage's compute, for four pipelines on four links: the model's."""
+    from workbook.grading.labs import load_lab
+    from workbook.grading.predictions import judge_prediction, reads_the_model
+    from workbook.link.cost_model import make_link
+    lab = load_lab(LAB)
+    copied = reads_the_model(lab.predict_step_ms, ("step_model", "pp_schedules_report",
+                                                   "prediction_model"))
+    if copied:
+        raise AssertionError(copied)
+    for preset, name, p, v, m, shape, itemsize, t_f, t_b, t_w in PREDICTION_CASES:
+        link = make_link(preset, PREDICTION_FLOPS)
+        model, mistakes = prediction_model(name, p, v, m, link, shape, itemsize, t_f, t_b, t_w)
+        got = lab.predict_step_ms(link, name, p, v, m, shape, itemsize, t_f, t_b, t_w)
+        problem = judge_prediction(
+            got, model, mistakes, what=f"the step of {name} (p={p}, v={v}, m={m})",
+            terms="one transfer = the link's latency + the activation's bytes (rows x seq x "
+                  "hidden x itemsize) / its bandwidth, in ms, at every dependency between two "
+                  "ranks; one chunk action = a whole stage's compute / v; your schedule played "
+                  "with its own placement (lesson 12, section 7, \"Predict your step\")")
+        if problem:
+            raise AssertionError(
+                f"predict_step_ms(link={preset} ({1e3 * link.latency_s:.3g} ms latency, "
+                f"{link.bandwidth_Bps / 1e9:.3g} GB/s), schedule={name!r}, p={p}, v={v}, m={m}, "
+                f"shape={shape}, itemsize={itemsize}, t_f_ms={t_f}, t_b_ms={t_b}, t_w_ms={t_w}): "
+                f"{problem}")
 
 
 # --------------------------------------------------------------------------- rank side

@@ -21,7 +21,7 @@ os.environ.setdefault("WORKBOOK_WEIGHT_CACHE_MB", "512")
 
 TIMED = {"test_wrong_impls_caught", "test_autograder", "test_class_grading", "test_learner",
          "test_trace_steps", "test_selfcheck_traces",
-         "test_ep_overlap_grader"}      # grades the staged ep_overlap grader's overlap figures
+         "test_ep_overlap_grader"}      # grades the ep_overlap grader's overlap figures
 # (test_release_autograder is not: it grades collectives, finished, and overlap_math, a stub,
 # neither with a figure read from time, so it runs on the other worker)
 

@@ -1,4 +1,4 @@
-"""Lab ``ep_overlap``'s distributed MoE (the draft reference) equals the single-device layer.
+"""Lab ``ep_overlap``'s distributed MoE (the reference) equals the single-device layer.
 
 On 2 and 4 warm ranks, in fp64: each rank holds its own rows of the batch and its own experts
 (``local_moe``); the output, the input's gradient and each expert's gradient must equal the
@@ -6,8 +6,9 @@ single-device layer's (``workbook.model.moe.MoE`` with ``groups = ep``, one capa
 rank) to 1e-12, and the router's and the shared expert's gradients summed over the ranks. The
 cases cover E = 4, 8, k = 1, 2, both MLP styles, capacity drops, a shared expert, and inputs
 pulled away from the last rank's experts (and from expert 0, where k experts are left) so that
-the last rank receives no token at all, and a rank that receives some has an expert with none. On a simulated
-link the token all-to-alls carry ``routed tokens x H x 8`` bytes each way.
+the last rank receives no token at all (forward and backward), and a rank that receives some
+has an expert with none. On a simulated link the token all-to-alls carry ``routed tokens x H x
+8`` bytes each way.
 """
 from __future__ import annotations
 
@@ -27,11 +28,8 @@ from workbook.model.init import full_weight
 
 
 def _load_reference():
-    """The lab's reference from its file: ``solutions/ep_overlap.py``, or the ``.draft`` staged
-    under a name ``workbook assign`` does not read (the lab is not registered yet)."""
-    root = Path(__file__).resolve().parents[2]
-    path = next(p for p in (root / "solutions/ep_overlap.py", root / "solutions/ep_overlap.py.draft")
-                if p.exists())
+    """The lab's reference from its file, ``solutions/ep_overlap.py``."""
+    path = Path(__file__).resolve().parents[2] / "solutions" / "ep_overlap.py"
     loader = importlib.machinery.SourceFileLoader("ep_overlap_reference_lab", str(path))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)

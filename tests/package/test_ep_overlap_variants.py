@@ -1,4 +1,4 @@
-"""Lab ``ep_overlap``'s three overlap variants (the draft reference) equal the single-device layer,
+"""Lab ``ep_overlap``'s three overlap variants (the reference) equal the single-device layer,
 and hide what they claim to hide.
 
 * ``ep_moe_shared_overlap``: the shared expert runs while the dispatch travels, forward and

@@ -153,9 +153,12 @@ def _pids_running(marker: str) -> list[int]:
 
 def test_watch_checks_again_on_each_save_and_leaves_nothing_behind(labs):
     lab_file = labs / f"{LAB}.py"
+    # started with SIGINT ignored, as a shell starts `cmd &` in a script (and so CI): the watcher
+    # must take Ctrl-C back (runs 11 and 12 of the test command waited 30 and 90 s for it)
     proc = subprocess.Popen([sys.executable, "-m", "workbook.cli", "watch", LAB, "--impl",
                              str(labs)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
 
@@ -181,7 +184,7 @@ def test_watch_checks_again_on_each_save_and_leaves_nothing_behind(labs):
         until(r"not checked: overlap_math.py:1: ")
         until(rf"watch: {LAB} does not compile; waiting for a save")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(90) == 0          # a bound, not a figure: the watcher's ranks stop too
+        assert proc.wait(60) == 0          # a bound, not a figure: the watcher's ranks stop too
         until(r"watch: left")
     finally:
         if proc.poll() is None:

@@ -137,6 +137,12 @@ def test_capacity_takes_first_choices_before_second_choices():
     (lambda: MoEConfig(capacity_factor=0), "capacity_factor=0 must be a number > 0"),
     (lambda: MoEConfig(capacity_factor=-1.5), "capacity_factor=-1.5 must be a number > 0"),
     (lambda: MoEConfig(top_k=0), "top_k=0 must be between 1"),
+    (lambda: MoEConfig(top_k=True), "top_k=True must be between 1"),
+    (lambda: MoEConfig(capacity_factor=float("nan")), "capacity_factor=nan must be a number > 0"),
+    (lambda: MoEConfig(capacity_factor=True), "capacity_factor=True must be a number > 0"),
+    (lambda: MoEConfig(num_experts=8, top_k=2).validate(ep=3), "choose num_experts as a multiple"),
+    (lambda: local_moe(ModelConfig(hidden=16, heads=2), MoEConfig(num_experts=4), 0, 3),
+     "num_experts=4 is not divisible by the expert-parallel size ep=3"),
 ])
 def test_bad_input_gives_a_one_line_error(make, words):
     with pytest.raises(ValueError) as err:

@@ -13,7 +13,13 @@ teaches.
 * receive_not_prefetched: each receive posted when its action starts -> the steady-state overlap
   test, on structure;
 * loss_not_averaged: each micro-batch's loss not divided by m -> the numbers (m times every
-  gradient), and, numbers first, the traffic.
+  gradient), and, numbers first, the traffic;
+* prediction_stage_compute: ``predict_step_ms`` gives each chunk action a whole stage's compute
+  (not / v) -> the prediction test (instant), naming that term;
+* prediction_textbook_bubble: ``predict_step_ms`` gives the textbook step, busy / (1 - (p - 1) /
+  (v m + p - 1)), no transfer -> the same test, naming the transfers left out;
+* prediction_reads_the_model: ``predict_step_ms`` calls the package's ``step_model`` -> the same
+  test, refused however right the number.
 (A send waited at once is not among them: with chunks, two ranks that each wait for their own
 send before posting the other's receive hang, which the hang report catches after the grader's
 timeout -- too slow for this suite.)
@@ -49,6 +55,12 @@ CASES = {
     "pp_schedules_loss_not_averaged": (("interleaved_numbers", "traffic_interleaved"), {
         "interleaved_numbers": ["8 x the right one", "its loss divided by m"],
         "traffic_interleaved": [NOT_GRADED, "fix interleaved_numbers first"]}),
+    "pp_schedules_prediction_stage_compute": (("predict_step_ms",), {
+        "predict_step_ms": ["predict_step_ms(link=", "a whole stage's compute"]}),
+    "pp_schedules_prediction_textbook_bubble": (("predict_step_ms",), {
+        "predict_step_ms": ["predict_step_ms(link=", "leave the transfers out"]}),
+    "pp_schedules_prediction_reads_the_model": (("predict_step_ms",), {
+        "predict_step_ms": ["calls the package's model (step_model)", "derive the figure"]}),
 }
 
 

@@ -213,9 +213,13 @@ TARGETS = {
                "sweep (own options: workbook bench cp_ring --help)",
     "pp_schedules": "1F1B, interleaved, ZB-H1 and ZBV vs no communication, beside the formulas "
                     "(own options: workbook bench pp_schedules --help)",
+    "ep_overlap": "an MoE layer's all-to-all hidden (shared expert, two micro-batches, deferred "
+                  "wgrad) vs no communication, 1 and 2 nodes (own options: workbook bench "
+                  "ep_overlap --help)",
 }
 DOMINO = "domino"
-OWN_OPTIONS = (DOMINO, "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring", "pp_schedules")   # routed by cli.main, as domino is
+OWN_OPTIONS = (DOMINO, "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring", "pp_schedules",
+               "ep_overlap")   # routed by cli.main, as domino is
 
 
 def _targets_epilog() -> str:

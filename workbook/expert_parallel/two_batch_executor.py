@@ -1,12 +1,12 @@
 """Running a two-micro-batch schedule on the ranks: the executor's machinery.
 
-A given piece of lab ``ep_overlap`` (lesson 13, section 7, "Two micro-batches"). A schedule
-(:mod:`workbook.expert_parallel.two_batch`) orders the actions of micro-batches ``A`` (the first
-half of a rank's rows) and ``B`` (the second half). Autograd cannot follow such an order: one
-``loss.backward()`` runs the whole graph in an order of its own. So the executor keeps each
-*piece* of a micro-batch's layer (router, experts, the combine's arithmetic) in a graph of its
-own, the pieces meeting at leaves across the exchanges, and runs each piece's backward by hand,
-in the backward schedule's order. ``TwoBatchExecutor`` does the bookkeeping around that:
+A given piece of lab ``ep_overlap`` (lesson 13, section 7, "Two micro-batches against each other").
+A schedule (:mod:`workbook.expert_parallel.two_batch`) orders the actions of micro-batches ``A``
+(the first half of a rank's rows) and ``B`` (the second half). Autograd cannot follow such an
+order: one ``loss.backward()`` runs the whole graph in an order of its own. So the executor keeps
+each *piece* of a micro-batch's layer (router, experts, the combine's arithmetic) in a graph of its
+own, the pieces meeting at leaves across the exchanges, and runs each piece's backward by hand, in
+the backward schedule's order. ``TwoBatchExecutor`` does the bookkeeping around that:
 
 * ``executor(x)``: an autograd op over the whole layer: its forward cuts ``x [T, H]`` into the
   two micro-batches and runs ``forward_action`` for each action of the forward schedule; its

@@ -5,7 +5,9 @@ file to change (``watchfiles``, which uses the operating system's file events, n
 on each save clear the screen and check again. A file that does not compile shows its error
 (line and message) and the loop goes on waiting; it never starts ranks on it. Each self-check
 runs in its own process group, so Ctrl-C, or a check that hangs, leaves no rank behind: the
-group is interrupted, then killed.
+group is interrupted, then killed. Ctrl-C reaches the loop even where the shell started it with
+SIGINT ignored (``cmd &`` in a script, or CI): Python keeps an inherited "ignore", so the loop
+puts the default handler back before it waits.
 """
 from __future__ import annotations
 
@@ -59,6 +61,8 @@ def watch(lab: str, *, impl: str = "labs", extra: list[str] | None = None, write
         raise FileNotFoundError(f"no lab file {path} (make the labs with `workbook assign`)")
     clear = sys.stdout.isatty() if clear is None else clear
     impl_arg = impl if impl in ("labs", "solutions") else str(folder)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:     # inherited: Ctrl-C must still leave
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     checks = 0
     try:
         while True:

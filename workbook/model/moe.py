@@ -79,12 +79,13 @@ class MoEConfig:
     def validate(self, ep: int = 1) -> "MoEConfig":
         """Check the options, and that the experts split over ``ep`` ranks; one-line errors."""
         E, k, c = self.num_experts, self.top_k, self.capacity_factor
-        if not isinstance(E, int) or E < 1:
+        if not isinstance(E, int) or isinstance(E, bool) or E < 1:
             raise ValueError(f"MoEConfig.num_experts={E!r} must be a positive integer")
-        if not isinstance(k, int) or k < 1 or k > E:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1 or k > E:
             raise ValueError(f"MoEConfig.top_k={k!r} must be between 1 and num_experts={E}: "
                              f"a token cannot choose more experts than there are")
-        if c is not None and not (isinstance(c, (int, float)) and c > 0 and math.isfinite(c)):
+        if c is not None and (isinstance(c, bool) or not (isinstance(c, (int, float)) and c > 0
+                                                          and math.isfinite(c))):
             raise ValueError(f"MoEConfig.capacity_factor={c!r} must be a number > 0 "
                              f"(or None for no capacity limit)")
         if self.expert_hidden is not None and (not isinstance(self.expert_hidden, int)

@@ -42,6 +42,8 @@ the variants taking turns. Medians over the repeats per rank, then one row over 
   the link's time for one activation (sends that never block, receives posted early: this
   executor), its bubble, step and hidden share (``paper_hidden``); ``paper_bare_ms`` its step
   with no transfer time (ZBV's target on paper: ``paper`` step / ``paper_bare_ms``);
+* ``link`` (per preset): the calibrated ``Link``'s fields (``Link(**link)`` rebuilds it: what
+  lesson 12's prediction and ``pp_schedules_report`` hand to ``predict_step_ms``);
 * ``peak_in_flight``: per rank the most chunk-activations alive at once (+1 at F, -1 at W or an
   unsplit B), from the schedule; ``peak_stages`` the same in whole stages (/ v).
 
@@ -149,6 +151,8 @@ def step_figures(t, ops, elapsed_ms: float, actions, comm: bool = True) -> dict:
 
 
 def _rank_bench(o: dict, root: str) -> dict:
+    import dataclasses
+
     import torch
     import torch.distributed as dist
 
@@ -187,7 +191,7 @@ def _rank_bench(o: dict, root: str) -> dict:
                     rows[name][key].append(value)
         link.set_link(lk)
         out["links"][preset] = {
-            "link_label": lk.label, "activation_bytes": act_bytes,
+            "link_label": lk.label, "activation_bytes": act_bytes, "link": dataclasses.asdict(lk),
             "t_p2p_ms": lk.op_time("send", act_bytes, p) * 1e3,
             "variants": {name: {f: statistics.median(x) if None not in x else None
                                 for f, x in r.items()} for name, r in rows.items()}}
@@ -278,7 +282,8 @@ def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=No
         per = [r["links"][preset] for r in results]
         rows = {name: combine([q["variants"][name] for q in per]) for name in run}
         paper_rows(rows, schedules, nproc, m, per[0]["t_p2p_ms"])
-        out[preset] = {"link_label": per[0]["link_label"], "activation_bytes": per[0]["activation_bytes"],
+        out[preset] = {"link_label": per[0]["link_label"], "link": per[0]["link"],
+                       "activation_bytes": per[0]["activation_bytes"],
                        "t_p2p_ms": per[0]["t_p2p_ms"], "no_comm_step_ms": rows["no_comm"]["step_ms"],
                        "variants": {name: rows[name] for name in variants},
                        "targets": targets({name: rows[name] for name in variants})}

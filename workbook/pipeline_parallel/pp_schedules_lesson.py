@@ -141,36 +141,59 @@ def paper_rows(acts: list[list[tuple]], line) -> dict:
             for r, spans in enumerate(line.spans)}
 
 
-def paper_figure(schedule_fns: dict, name: str, p: int, m: int, c: float = 0.0):
-    """Schedule ``name`` (a key of ``SCHEDULES``) on paper, ``c`` the cost of one transfer in
-    forwards of a whole stage; prints its step and bubble beside the formula's."""
-    _, placement, v = SCHEDULES[name]
+def paper_figure(schedule_fns: dict, name: str, p: int, m: int, c: float = 0.0,
+                 v: int | None = None):
+    """Schedule ``name`` (a key of ``SCHEDULES``; ``v`` chunks a rank, by default its entry's)
+    on paper, ``c`` the cost of one transfer in forwards of a whole stage; prints its step and
+    bubble beside the formula's."""
+    _, placement, default_v = SCHEDULES[name]
+    v = default_v if v is None else v
     acts, line = play(schedule_fns[name], placement, p, v, m, t_p2p=c)
-    print(f"{name}: step {line.step:.2f} forwards of a whole stage; bubble {line.bubble:.1%} "
-          f"(formula, no transfers: {formula_bubble(name, p, v, m):.1%}); the busiest rank holds "
-          f"{max(line.peak_in_flight) / v:g} stages' activations; {messages(acts, p, placement)} "
-          f"messages per step")
-    return lf.lanes_figure(paper_rows(acts, line), f"{name}, p={p}, m={m}, transfer {c:g}, "
+    print(f"{name}, v={v}: step {line.step:.2f} forwards of a whole stage; bubble "
+          f"{line.bubble:.1%} (formula, no transfers: {formula_bubble(name, p, v, m):.1%}); the "
+          f"busiest rank holds {max(line.peak_in_flight) / v:g} stages' activations; "
+          f"{messages(acts, p, placement)} messages per step")
+    return lf.lanes_figure(paper_rows(acts, line), f"{name}, p={p}, v={v}, m={m}, transfer {c:g}, "
                            "on paper", KIND_COLOR, "time (forwards of a whole stage)")
 
 
+#: the explorer's schedules: name -> the chunks a rank may hold (ZBV's V holds exactly 2)
+EXPLORED = {"interleaved 1F1B": (1, 2, 3, 4), "ZB-H1": (1, 2, 3, 4), "ZBV": (2,)}
+
+
+def explorer_shape(name: str, p: int, v: int, m: int) -> tuple[int, int, str | None]:
+    """``(v, m, note)``: the explorer's ``v`` and ``m`` made runnable for ``name`` (ZBV: v = 2;
+    interleaved with v > 1: m a multiple of p, Megatron's rule), and what was changed, or None."""
+    notes = []
+    if v not in EXPLORED[name]:
+        v = EXPLORED[name][0]
+        notes.append(f"{name} holds v = {v} chunks a rank")
+    if v > 1 and SCHEDULES[name][1] == INTERLEAVED and m % p:
+        m += p - m % p
+        notes.append(f"with v > 1, m must be a multiple of p: m = {m}")
+    return v, m, ("(" + "; ".join(notes) + ")") if notes else None
+
+
 def paper_explorer(schedule_fns: dict):
-    """``paper_figure`` with widgets: the schedule, ranks, micro-batches, a transfer's cost."""
+    """``paper_figure`` with widgets: the schedule (a dropdown), ranks p, chunks a rank v,
+    micro-batches m, a transfer's cost; the timeline from ``simulate_chunked``, its bubble
+    beside the formula's."""
     import ipywidgets as widgets
     style = {"description_width": "150px"}
     controls = {
-        "name": widgets.ToggleButtons(options=list(SCHEDULES), value="ZB-H1",
-                                      description="schedule", style=style),
+        "name": widgets.Dropdown(options=list(EXPLORED), value="ZB-H1", description="schedule",
+                                 style=style),
         "p": widgets.IntSlider(value=4, min=2, max=8, description="ranks p", style=style),
+        "v": widgets.IntSlider(value=2, min=1, max=4, description="chunks a rank v", style=style),
         "m": widgets.IntSlider(value=8, min=2, max=24, step=2, description="micro-batches m",
                                style=style),
         "c": widgets.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.05,
                                  description="transfer / forward", style=style)}
 
-    def draw(name, p, m, c):
-        if SCHEDULES[name][2] > 1 and SCHEDULES[name][1] == INTERLEAVED and m % p:
-            m += p - m % p
-            print(f"(interleaved 1F1B needs m a multiple of p: m = {m})")
-        return paper_figure(schedule_fns, name, p, m, c)
+    def draw(name, p, v, m, c):
+        v, m, note = explorer_shape(name, p, v, m)
+        if note:
+            print(note)
+        return paper_figure({name: schedule_fns[name]}, name, p, m, c, v=v)
 
-    return lf.live_figure(draw, controls, [["name"], ["p", "m"], ["c"]])
+    return lf.live_figure(draw, controls, [["name", "p"], ["v", "m"], ["c"]])
