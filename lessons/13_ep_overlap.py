@@ -329,8 +329,8 @@ ranks.rank_timeline(main, "two_batch", f"{whose} TwoBatchMoE, 2 ranks — {label
 #
 # ## 8. Predict, then measure
 #
-# The lab's prediction task, `predict_dispatch_exposed_ms(link, sent_rows, hidden, itemsize,
-# t_shared_ms)`: the milliseconds of the dispatch's all-to-all left exposed when the shared expert
+# The lab's prediction task (task 14), `predict_dispatch_exposed_ms(link, sent_rows, hidden,
+# itemsize, t_shared_ms)`: the milliseconds of the dispatch's all-to-all left exposed when the shared expert
 # runs while it travels, from the link model (`link.all_to_all_time` takes bytes, sender by
 # receiver) and the shared expert's time. **Think it through** before you write it: which rows
 # does the dispatch carry and how many bytes is that; what does the link charge for the busiest
@@ -347,16 +347,18 @@ print(f"the shared expert 4H wide; {label}")
 ranks.prediction_table(main, mine, sim)
 
 # %% [markdown]
-# The model and the measurement agree when the link is the only thing the rank waits for; a rank
-# that arrives late at the exchange adds its skew to the wait, and the model leaves it out.
+# The model (the one the grader and `workbook run ep_overlap` judge your prediction against) and
+# the measurement agree when the link is the only thing the rank waits for; a rank that arrives
+# late at the exchange adds its skew to the wait, and the model leaves it out. Where your value
+# differs from the model's, the line under the table says which term to recheck.
 #
 # ## 9. The lab
 #
 # `labs/ep_overlap.py`, in order: task 1 `exchange_counts` and task 2 `AllToAll` (sections 2
 # and 4), tasks 3–5 `dispatch`, `combine`, `ep_moe` (section 2), tasks 6–9 the shared expert behind
 # the dispatch (section 5), tasks 10–11 the deferred weight gradients (section 6), tasks 12–13 two
-# micro-batches, the schedule graded at once, then the executor (section 7), and the prediction
-# (section 8). The given pieces are in `workbook/expert_parallel/` and `workbook/model/moe.py`:
+# micro-batches, the schedule graded at once, then the executor (section 7), and task 14 the
+# prediction (section 8). The given pieces are in `workbook/expert_parallel/` and `workbook/model/moe.py`:
 # read their docstrings first. `workbook run ep_overlap` checks your work; `workbook hint
 # ep_overlap N` gives the hints of task N one rung at a time.
 

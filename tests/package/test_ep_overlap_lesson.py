@@ -160,11 +160,19 @@ def test_the_models_value_is_shown_only_beside_a_prediction(traced, capsys):
     assert "(your predict_dispatch_exposed_ms: AttributeError" in out
     assert all(line.split()[-3:-1] == ["-", "-"] for line in out.splitlines()
                if line.lstrip().startswith("rank"))
-    mine = types.SimpleNamespace(predict_dispatch_exposed_ms=lambda *a: 1.5)
+    mine = types.SimpleNamespace(predict_dispatch_exposed_ms=lambda *a: 1e6)
     ranks.prediction_table(traced, mine, sim)
-    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()
-            if ln.lstrip().startswith("rank")]
-    assert len(rows) == 2 and all(r[-3] == "1.5" and r[-2] != "-" for r in rows)
+    out = capsys.readouterr().out
+    rows = [ln.split() for ln in out.splitlines() if ln.lstrip().startswith("rank")]
+    assert len(rows) == 2 and all(r[-3] == "1,000,000" and r[-2] != "-" for r in rows), out
+    assert out.count("the model gives") == 2                  # the judge's word on each
+    from workbook.expert_parallel.ep_overlap_report import dispatch_exposed_model
+
+    def right(*args):
+        return dispatch_exposed_model(*args)[0]
+    ranks.prediction_table(traced, types.SimpleNamespace(predict_dispatch_exposed_ms=right), sim)
+    out = capsys.readouterr().out
+    assert "the model gives" not in out and out.count("dispatch exposed") == 2
 
 
 def test_a_variant_that_raises_is_shown_not_raised(capsys):

@@ -269,25 +269,31 @@ def measured_exposed_ms(v: dict) -> float:
 
 def prediction_table(results: list, mine, sim, variant: str = "shared_narrow") -> None:
     """Per rank: your ``predict_dispatch_exposed_ms(sim, rows, HIDDEN, 4, t_shared)`` (``-`` until
-    it is written), the model's value (only beside yours: before, it would be the answer) and the
+    it is written), the model's value (``ep_overlap_report.dispatch_exposed_model``, the one the
+    grader and ``workbook run`` use; only beside yours: before, it would be the answer) and the
     exposed dispatch measured in the shared-expert step; ``t_shared`` is the shared expert's
-    forward as the rank measured it."""
-    from workbook.grading.predictions import comparison_lines
+    forward as the rank measured it, ``rows`` the dispatch's rows sender by receiver. Where your
+    value is off, what the judge says of it."""
+    from workbook.grading.predictions import comparison_lines, judge_prediction
+
+    from .ep_overlap_report import dispatch_exposed_model
     if failed(results, variant):
         print(f"{variant} did not run: {failed(results, variant)}")
         return
-    rows, missing = [], None
+    rows, missing, verdicts = [], None, []
     for r, res in enumerate(results):
         v = res["variants"][variant]
         sent, (a, b) = dispatch_of(v)["rows"], v["shared"][0]
+        args = (sim, sent, HIDDEN, 4, b - a)
         try:
-            predicted = float(mine.predict_dispatch_exposed_ms(sim, sent, HIDDEN, 4, b - a))
+            predicted = float(mine.predict_dispatch_exposed_ms(*args))
         except Exception as exc:                 # noqa: BLE001 - not written yet: "-"
             predicted, missing = None, lf.verdict_of(exc)
         model = None
         if predicted is not None:
-            matrix = [[c * HIDDEN * 4 for c in row] for row in sent]
-            model = max(0.0, sim.all_to_all_time(matrix, range(len(sent))) * 1e3 - (b - a))
+            model, mistakes = dispatch_exposed_model(*args)
+            verdicts.append(judge_prediction(predicted, model, mistakes,
+                                             what=f"rank {r}'s exposed dispatch"))
         rows.append((f"rank {r}: dispatch exposed (shared expert {b - a:.0f} ms)", predicted,
                      model, measured_exposed_ms(v)))
     for line in comparison_lines(rows):
@@ -295,3 +301,5 @@ def prediction_table(results: list, mine, sim, variant: str = "shared_narrow") -
     if missing:
         print(f"  (your predict_dispatch_exposed_ms: {missing}; the model's value is shown beside "
               f"your prediction, not before it)")
+    for verdict in filter(None, verdicts):
+        print("  " + verdict)
