@@ -347,10 +347,11 @@ print(f"the shared expert 4H wide; {label}")
 ranks.prediction_table(main, mine, sim)
 
 # %% [markdown]
-# The model (the one the grader and `workbook run ep_overlap` judge your prediction against) and
-# the measurement agree when the link is the only thing the rank waits for; a rank that arrives
-# late at the exchange adds its skew to the wait, and the model leaves it out. Where your value
-# differs from the model's, the line under the table says which term to recheck.
+# The model is the one the grader and `workbook run ep_overlap` judge your prediction against.
+# It and the measurement part by what the model leaves out: the rank's other work between the
+# start and the wait (the Python around the shared expert, which hides a little more), and a peer
+# that arrives late at the exchange (its skew, which adds to the wait). Where your value differs
+# from the model's, the line under the table says which term to recheck.
 #
 # ## 9. The lab
 #
