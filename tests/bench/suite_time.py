@@ -44,7 +44,8 @@ LABS = ("collectives", "ring_allreduce", "async_overlap", "tp_overlap", "tp", "s
 # lesson number -> the lab it ends with (README's table)
 LESSON_LAB = {"01": "collectives", "02": "ring_allreduce", "03": "async_overlap", "04": "tp",
               "05": "sp", "06": "domino", "07": "overlap_math", "08": "tp_overlap",
-              "09": "dp_overlap", "10": "pp_overlap", "11": "cp_ring"}
+              "09": "dp_overlap", "10": "pp_overlap", "11": "cp_ring",
+              "12": "pp_schedules", "13": "ep_overlap"}
 
 
 def lab_of(test: str) -> str | None:

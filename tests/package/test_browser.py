@@ -7,8 +7,9 @@ Python package), serve every lesson of this module in turn: each lesson opens in
 its own, runs every cell, and must show no kernel error, a plotly figure and an ipywidgets
 control; then its kernel (and the rank pools it started) is shut down. The lessons: the first
 one (collectives on ranks), lesson 8 (profiler traces, a benchmark, a widget panel), lesson 9
-(training steps on ranks, bucket timelines, memory figures, a widget), lessons 10, 11 and 12
-(pipeline schedules, ring attention, interleaved and zero-bubble schedules, on ranks). These lessons are therefore not run a second
+(training steps on ranks, bucket timelines, memory figures, a widget), lessons 10 to 13
+(pipeline schedules, ring attention, interleaved and zero-bubble schedules, MoE all-to-alls, on
+ranks). These lessons are therefore not run a second
 time through nbclient (``test_notebooks.BROWSER_RUN``) where this test can run. A screenshot per
 lesson is kept in ``tests/artifacts/``. JupyterLab and Chromium are stopped at the end, pass or
 fail.
@@ -38,7 +39,8 @@ from workbook.runtime.multinode import free_port
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 LESSONS = ["01_collectives.ipynb", "08_tp_overlap.ipynb", "09_dp_overlap.ipynb",
-           "10_pp_overlap.ipynb", "11_cp_ring.ipynb", "12_pp_schedules.ipynb"]
+           "10_pp_overlap.ipynb", "11_cp_ring.ipynb", "12_pp_schedules.ipynb",
+           "13_ep_overlap.ipynb"]
 CHROMIUM = shutil.which("chromium") or (
     "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 CHROMEDRIVER = shutil.which("chromedriver") or (

@@ -1,7 +1,7 @@
 """Two micro-batches through one MoE layer: the actions, their dependencies, and a schedule check.
 
 A given piece of lab ``ep_overlap`` (lesson 13, section 7, "Two micro-batches against each other").
-DeepSeek-V3 (arXiv 2412.19437: section 3.4.1 for serving; DualPipe, section 3.2.2, for training)
+DeepSeek-V3 (arXiv 2412.19437: section 3.4.1 for serving; DualPipe, section 3.2.1, for training)
 hides expert parallelism's all-to-alls by running two micro-batches, ``A`` and ``B`` (each half of
 a rank's tokens), against each other: while A's tokens travel, B computes, and the other way round.
 A schedule is a list of *actions*, each a tuple ``(kind, micro_batch, step)``; ``kind`` is
