@@ -301,8 +301,8 @@ class TwoBatchMoE(TwoBatchExecutor):
         """Run one forward action of micro-batch ``mb`` (lesson 13, section 7). ``self.mb[mb]``
         holds its ``"x"`` (``[T/2, H]``, a leaf) and whatever earlier actions left there.
 
-        * compute, router: route, keep (the micro-batch is one capacity group), prepare the
-          dispatch, and the shared expert's output if there is one;
+        * compute, router: route, keep (the micro-batch is one capacity group), the shared
+          expert's output if there is one, and prepare the dispatch;
         * start, dispatch / start, combine: the executor's exchange of the rows to send / of the
           experts' outputs (back in source-major order);
         * wait, dispatch / wait, combine: the executor's wait; what arrived is a leaf of the next

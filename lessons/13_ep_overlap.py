@@ -311,15 +311,16 @@ ranks.hidden_table(main)
 # the backward paler); on each link row the all-to-alls while the link carried them, red from the
 # moment the rank waited. The counts' exchange is small but pays the link's whole latency, and
 # the router waits for it: it hides behind nothing here. Look for B's counts, too: the link
-# carries one all-to-all at a time, so they queue behind A's dispatch.
+# carries one all-to-all at a time, so they queue behind A's dispatch. What B's router computes
+# *before* its counts leave (its routing, its shared expert) is what hides A's dispatch.
 
 # %%
 whose = "your" if IMPL["two_batch"] == "labs" else "the REFERENCE"
 ranks.rank_timeline(main, "two_batch", f"{whose} TwoBatchMoE, 2 ranks — {label}")
 
 # %% [markdown]
-# Read it from the left: while A's dispatch travels, B's router runs; while B's travels, A's
-# experts. In the backward, both combines' gradients leave first, and the experts' backward of one
+# Read it from the left: while A's dispatch travels, B's router and shared expert run; while
+# B's travels, A's experts. In the backward, both combines' gradients leave first, and the experts' backward of one
 # micro-batch covers the other's transfer. The forward pass hides far less than the backward: the
 # counts' exchanges, each a full latency, hide behind nothing, nor does the last combine, and the
 # two ranks share this machine's two cores with the copies gloo makes (`workbook bench

@@ -436,8 +436,8 @@ class TwoBatchMoE(TwoBatchExecutor):
         """Run one forward action of micro-batch ``mb`` (lesson 13, section 7). ``self.mb[mb]``
         holds its ``"x"`` (``[T/2, H]``, a leaf) and whatever earlier actions left there.
 
-        * compute, router: route, keep (the micro-batch is one capacity group), prepare the
-          dispatch, and the shared expert's output if there is one;
+        * compute, router: route, keep (the micro-batch is one capacity group), the shared
+          expert's output if there is one, and prepare the dispatch;
         * start, dispatch / start, combine: the executor's exchange of the rows to send / of the
           experts' outputs (back in source-major order);
         * wait, dispatch / wait, combine: the executor's wait; what arrived is a leaf of the next
@@ -449,14 +449,14 @@ class TwoBatchMoE(TwoBatchExecutor):
         s, moe, E = self.mb[mb], self.moe, self.moe.moe.num_experts
         ### BEGIN SOLUTION
         ### hint 1: each action is a piece of ep_moe; tensors that cross an exchange become new leaves on the far side, so each piece's backward can run on its own (lesson 13, section 7, "Two micro-batches against each other").
-        ### hint 2: router: route, keep, prepare the dispatch, the shared expert; start: self.exchange with the plan's splits; wait: wait the handle, mark the received buffer as a leaf that wants a gradient; experts: regroup, run (deferred under the micro-batch's key when there is a store), back to source-major; combine's wait: the received rows, the router weights and the shared output as leaves, weighted and added as in combine.
+        ### hint 2: router: route, keep, the shared expert, then prepare the dispatch (its count exchange waits for the link, which carries one exchange at a time: whatever the router computes before it hides the other micro-batch's tokens); start: self.exchange with the plan's splits; wait: wait the handle, mark the received buffer as a leaf that wants a gradient; experts: regroup, run (deferred under the micro-batch's key when there is a store), back to source-major; combine's wait: the received rows, the router weights and the shared output as leaves, weighted and added as in combine.
         ### hint 3: the dispatch exchange is self.exchange(s, "recv", s["send"], plan.recv_splits, plan.send_splits); the combine's is self.exchange(s, "home", s["back"], plan.send_splits, plan.recv_splits)
         if (kind, step) == ("compute", "router"):
             r = route(s["x"], moe.router.weight, moe.moe.top_k)
             keep = capacity_keep(r.experts, E, moe.moe.capacity_factor)
-            s["send"], s["plan"] = prepare_dispatch(s["x"], r.experts, keep, E, self.group)
-            s["weights"] = r.weights                                            # [T/2, k]
             s["shared"] = moe.shared(s["x"]) if moe.shared is not None else None
+            s["weights"] = r.weights                                            # [T/2, k]
+            s["send"], s["plan"] = prepare_dispatch(s["x"], r.experts, keep, E, self.group)
         elif (kind, step) == ("start", "dispatch"):
             plan = s["plan"]
             self.exchange(s, "recv", s["send"], plan.recv_splits, plan.send_splits)
