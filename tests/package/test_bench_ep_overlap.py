@@ -73,7 +73,7 @@ def test_every_variant_and_field_on_the_simulated_link(result, tmp_path):
                           "two micro-batches: step <= 1.15 x the no-communication optimum"}
         assert all(x["met"] in (True, False) and x["judged"] == (spec == "dgx-h100")
                    for x in t.values()), t
-        assert 0 < t["two micro-batches: forward all-to-all hidden >= 70%"]["ceiling"] < 50
+        assert 0 < t["two micro-batches: forward all-to-all hidden >= 70%"]["ceiling"] < 75      # three of four token exchanges
     assert max(losses) - min(losses) <= 1e-4 * abs(losses[0]), losses
     text = bench.report(result)
     assert text.startswith("ep_overlap benchmark, SIMULATED link: dgx-h100"), text
