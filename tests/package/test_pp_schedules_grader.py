@@ -1,6 +1,8 @@
-"""Lab ``pp_schedules``' grader, schedules' part (staged as ``tests/grading/test_pp_schedules.py.draft``
-until the lab is registered): the reference passes every case, and deliberately wrong schedules
-are caught, each with a message that says where it parts from torch's order and what that costs.
+"""Lab ``pp_schedules``' grader, schedules' part: the reference passes every case, and
+deliberately wrong schedules are caught, each with a message that says where it parts from
+torch's order and what that costs, or, before that, which dependency it breaks (a W before its B)
+or which ranks would wait for each other for ever (a V whose second chunk runs down the pipe, a
+warm-up that deadlocks), on paper, before any rank starts.
 Pure Python, no rank starts (torch's order is read from its runtime loop, in this process).
 """
 from __future__ import annotations
@@ -73,6 +75,28 @@ def zbv_w_at_once(p, v, m, rank):
     return out
 
 
+def w_before_its_b(p, v, m, rank):
+    """WRONG: ZB-H1 with its first W moved in front of that micro-batch's B."""
+    acts = SOL.zb_h1(p, v, m, rank)
+    w = acts.pop(next(k for k, a in enumerate(acts) if a[0] == W))
+    acts.insert(next(k for k, a in enumerate(acts) if a[0] == B and a[1:] == w[1:]), w)
+    return acts
+
+
+def v_second_chunk_down(p, v, m, rank):
+    """WRONG: the V's second chunk run in the order of the mirror rank's (p - 1 - rank), as if
+    it carried on down the pipe instead of coming back up: the ranks wait for each other."""
+    mine, mirror = SOL.zbv(p, v, m, rank), SOL.zbv(p, v, m, p - 1 - rank)
+    first, second = [a for a in mine if a[2] == 0], [a for a in mirror if a[2] == 1]
+    return [first.pop(0) if a[2] == 0 else second.pop(0) for a in mine]
+
+
+def warm_up_reversed(p, v, m, rank):
+    """WRONG: each rank's warm-up is its mirror's (the first rank starts its backward at once,
+    the last one runs p - 1 forwards first): a deadlock."""
+    return SOL.interleaved_1f1b(p, v, m, p - 1 - rank)
+
+
 def no_refusal(p, v, m, rank):
     """WRONG: runs Megatron's interleaving even when m is not a multiple of p."""
     return [] if v > 1 and m % p else SOL.interleaved_1f1b(p, v, m, rank)
@@ -84,6 +108,11 @@ def no_refusal(p, v, m, rank):
     ("zb_h1", every_w_last, ["peak"]),
     ("zbv", zbv_w_at_once, ["ScheduleZBVZeroBubble", "section 6"]),
     ("interleaved_1f1b", no_refusal, ["raise ValueError"]),
+    ("zb_h1", w_before_its_b, ["W(0, chunk 0) comes before B(0, chunk 0)", "needs the gradients"]),
+    ("zbv", v_second_chunk_down, ["deadlock", "rank 0 waits at F(1, chunk 1) (stage 3)",
+                                  "hang for ever"]),
+    ("interleaved_1f1b", warm_up_reversed, ["deadlock", "rank 1 waits at F(1, chunk 0)",
+                                            "stage 0's activation", "hang for ever"]),
 ])
 def test_a_wrong_schedule_is_caught_with_what_it_costs(name, fn, words):
     found = problems(lab_with(**{name: fn}), name)
