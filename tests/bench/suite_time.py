@@ -36,11 +36,15 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from workbook.grading.labs import LABS as COURSE_LABS
+
 ROOT = Path(__file__).resolve().parents[2]
 LAB_BUDGET_S = 90.0
 TEST_LIMIT_S = 60.0
-LABS = ("collectives", "ring_allreduce", "async_overlap", "tp_overlap", "tp", "sp", "domino",
-        "overlap_math", "dp_overlap", "pp_overlap", "cp_ring")
+#: every registered lab, in course order (the table's rows)
+LABS = tuple(COURSE_LABS)
+#: the same, longest name first, for matching a module to its lab (tp_overlap_* is not tp's)
+MATCH_ORDER = tuple(sorted(COURSE_LABS, key=len, reverse=True))
 # lesson number -> the lab it ends with (README's table)
 LESSON_LAB = {"01": "collectives", "02": "ring_allreduce", "03": "async_overlap", "04": "tp",
               "05": "sp", "06": "domino", "07": "overlap_math", "08": "tp_overlap",
@@ -57,7 +61,7 @@ def lab_of(test: str) -> str | None:
         return LESSON_LAB[lesson.group(1)]
     if module.startswith("tests/grading/"):                 # the grader's own tests
         return stem
-    for lab in LABS:                                        # longest names first where it matters
+    for lab in MATCH_ORDER:                                 # longest names first where it matters
         if stem == lab or stem.startswith(lab + "_") or stem.startswith("bench_" + lab):
             return lab
     if stem in ("ring_collectives_wrong_caught",):
