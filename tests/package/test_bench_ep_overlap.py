@@ -87,18 +87,22 @@ def test_bad_options_fail_in_one_line(capsys, tmp_path):
     with pytest.raises(SystemExit) as err:
         bench.run_bench(parse(bench, "--variants", "ep_moe,two", "--link", "none",
                               "dgx-h100-ib:2nodes", "dgx-h100:3nodes", "--nproc", "2",
-                              "--experts", "5", "--top-k", "6", "--tokens", "7"))
+                              "--experts", "5", "--top-k", "6", "--tokens", "7",
+                              "--capacity-factor", "0"))
     assert err.value.code == 2
     message = str(err.value)
     assert "\n" not in message and message.startswith("workbook bench ep_overlap: ")
     for part in ("unknown variant(s) ['two']", "unknown link preset 'none'",
                  "dgx-h100-ib is flat", "2 ranks do not split into 3 equal nodes",
                  "--experts 5 is not divisible by --nproc 2", "--top-k 6 is larger than",
-                 "--tokens 7 must be even"):
+                 "--tokens 7 must be even", "--capacity-factor 0.0: must be a number > 0"):
         assert part in message, (part, message)
     assert capsys.readouterr().err.strip() == message
     with pytest.raises(SystemExit, match="^workbook bench ep_overlap: .*--nproc 5: 2 to 4 ranks"):
         bench.main(["--nproc", "5"])
+    for bad in ("-0.5", "nan"):
+        with pytest.raises(SystemExit, match="^workbook bench ep_overlap: --capacity-factor"):
+            bench.main(["--capacity-factor", bad])
     with pytest.raises(SystemExit, match="^workbook bench ep_overlap: unknown option"):
         bench.measure(hiden=64)
     with pytest.raises(SystemExit, match="^workbook bench ep_overlap: no lab file .*ep_overlap"):

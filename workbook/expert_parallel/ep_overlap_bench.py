@@ -86,6 +86,10 @@ def add_arguments(parser) -> None:
     for name, value in DEFAULTS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=value,
                             help=f"default {value}" + (" (per rank)" if name == "tokens" else ""))
+    parser.add_argument("--capacity-factor", type=float, default=None,
+                        help="each expert keeps at most ceil(c k T / E) tokens of a group, the "
+                             "rest dropped (default: no limit; the two micro-batches are a "
+                             "group each, so their loss differs)")
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny shapes, for a smoke test: {QUICK}")
     parser.add_argument("--repeats", type=int, default=2,
@@ -119,7 +123,8 @@ def layer_config(o: dict):
     cfg = ModelConfig(style="gpt", dtype="float32", hidden=o["hidden"], heads=1,
                       ffn_hidden=o["shared_hidden"])                 # the shared expert's width
     return cfg, MoEConfig(num_experts=o["experts"], top_k=o["top_k"], shared_expert=True,
-                          expert_hidden=o["expert_hidden"])
+                          expert_hidden=o["expert_hidden"],
+                          capacity_factor=o.get("capacity_factor"))
 
 
 def layer_fn(lab, variant: str, layer):
@@ -224,7 +229,7 @@ def _rank_bench(o: dict, root: str) -> dict:
 
 
 def _check(o: dict, nproc: int, links: list, variants: list, repeats: int, warmup: int,
-           unknown_options) -> None:
+           unknown_options, capacity_factor=None) -> None:
     from workbook.link.presets import PRESETS
     unknown = sorted(set(variants) - set(VARIANTS))
     bad_links = []
@@ -257,6 +262,9 @@ def _check(o: dict, nproc: int, links: list, variants: list, repeats: int, warmu
                 f"than there are"),
         (o["tokens"] % 2, f"--tokens {o['tokens']} must be even (two micro-batches per rank)"),
         (repeats < 1 or warmup < 0, "--repeats must be at least 1 and --warmup at least 0"),
+        (capacity_factor is not None and not capacity_factor > 0,
+         f"--capacity-factor {capacity_factor}: must be a number > 0 (leave it out for no "
+         f"capacity limit)"),
     ) if bad]
     if problems:
         raise UsageError(PREFIX + "; ".join(problems))
@@ -264,7 +272,7 @@ def _check(o: dict, nproc: int, links: list, variants: list, repeats: int, warmu
 
 def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=None,
             repeats: int = 2, warmup: int = 1, trace_dir=None, pool: bool = False,
-            quick: bool = False, **shape) -> dict:
+            quick: bool = False, capacity_factor: float | None = None, **shape) -> dict:
     """Run the benchmark on ``nproc`` fresh ranks (``pool``: the package's warm ones, for its
     tests); return what ``--json`` writes (module docstring). ``shape``: any of ``DEFAULTS``
     (``quick``: ``QUICK`` under them); a bad option raises ``UsageError`` (a ``SystemExit``,
@@ -277,9 +285,10 @@ def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=No
     o = dict(QUICK if quick else DEFAULTS)
     unknown_options = set(shape) - set(o)
     o.update({k: v for k, v in shape.items() if k in o})
-    _check(o, nproc, links, variants, repeats, warmup, unknown_options)
+    _check(o, nproc, links, variants, repeats, warmup, unknown_options, capacity_factor)
     run = [*variants, *(["no_comm"] if "no_comm" not in variants else [])]   # the optimum's
-    o.update(impl=impl, repeats=repeats, warmup=warmup, links=links, variants=variants, run=run)
+    o.update(impl=impl, repeats=repeats, warmup=warmup, links=links, variants=variants, run=run,
+             capacity_factor=capacity_factor)
     try:                                             # before any rank starts
         load_ep_lab(impl)
     except (FileNotFoundError, ValueError, ImportError) as err:   # ImportError: it does not import
@@ -324,6 +333,7 @@ def run_bench(args) -> dict:
     return measure_and_save(args, measure, report, figure, links=args.links,
                             variants=listed(args.variants), repeats=args.repeats,
                             warmup=args.warmup, quick=args.quick,
+                            capacity_factor=args.capacity_factor,
                             **{k: getattr(args, k) for k in DEFAULTS
                                if not args.quick or getattr(args, k) != DEFAULTS[k]})
 
