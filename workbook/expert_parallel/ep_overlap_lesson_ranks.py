@@ -19,6 +19,7 @@ import torch
 from workbook.measure import lesson_figures as lf
 from workbook.trace import colors
 
+from .ep_overlap_bench import layer_fn
 from .ep_overlap_lesson import A_COLOR, B_COLOR, PRESET
 
 VARIANTS = ("ep_moe", "shared_overlap", "deferred_wgrad", "two_batch")
@@ -29,14 +30,6 @@ CALL = {"ep_moe": "ep_moe", "shared_overlap": "ep_moe_shared_overlap",
 TOKENS, HIDDEN, E, K = 256, 256, 4, 1
 WIDTHS = (16 * HIDDEN, 8 * HIDDEN)
 WARM_UP_TOKENS = 16
-
-
-def layer_fn(lab, variant: str, layer):
-    """The variant's layer as a function of this rank's tokens."""
-    if variant == "two_batch":
-        return lab.TwoBatchMoE(layer, None)
-    call = getattr(lab, CALL[variant])
-    return lambda x: call(layer, x)
 
 
 def reference_here() -> bool:

@@ -70,16 +70,6 @@ def dispatch_exposed_model(link, sent_rows, hidden: int, itemsize: int,
 
 
 # --------------------------------------------------------------------------- the run
-def _layer(lab, variant: str, layer):
-    if variant == "ep_moe":
-        return lambda x: lab.ep_moe(layer, x)
-    if variant == "shared_overlap":
-        return lambda x: lab.ep_moe_shared_overlap(layer, x)
-    if variant == "deferred_wgrad":
-        return lambda x: lab.ep_moe_deferred_wgrad(layer, x)
-    return lab.TwoBatchMoE(layer)
-
-
 def run(trace_dir=None, impl=None, options=None) -> dict:
     """On every rank: one traced step of each variant of the learner's layer (after a warm-up
     with no link), per pass the all-to-all link time, exposed ms and hidden share; and, for the
@@ -93,6 +83,7 @@ def run(trace_dir=None, impl=None, options=None) -> dict:
 
     from workbook import link
     from workbook.expert_parallel import local_moe, rank_rows
+    from workbook.expert_parallel.ep_overlap_bench import layer_fn
     from workbook.grading.labs import load_lab
     from workbook.grading.trace_checks import overlap_figures
     from workbook.measure.calibration import recalibrate
@@ -110,7 +101,7 @@ def run(trace_dir=None, impl=None, options=None) -> dict:
     lk = link.current_link()
     link.set_link(None)                                   # warm-up: nothing to wait for
     for v, layer in layers.items():
-        _layer(lab, v, layer)(x[rows].clone().requires_grad_()).backward(g[rows])
+        layer_fn(lab, v, layer)(x[rows].clone().requires_grad_()).backward(g[rows])
     if lk is not None:
         recalibrate(lk.preset)                            # the matmul rate now
     lk = link.current_link()
@@ -123,7 +114,7 @@ def run(trace_dir=None, impl=None, options=None) -> dict:
             def step():
                 xr = x[rows].clone().requires_grad_()
                 with torch.profiler.record_function("forward"):
-                    y = _layer(lab, v, layer)(xr)
+                    y = layer_fn(lab, v, layer)(xr)
                 mark.append(time.perf_counter_ns())
                 with torch.profiler.record_function("backward"):
                     y.backward(g[rows])
