@@ -100,9 +100,11 @@ def traced_step(trace_dir: str, kind: str, setup) -> dict:
         mesh = build_mesh(lab, kind)
         (t0, y0), (t1, y1) = global_batches(setup, 2)
         trainer = make_trainer(lab, kind, setup, mesh, pieces)
-        if link.current_link() is not None:
-            recalibrate(link.current_link().preset)
-        trainer.step(t0, y0, 0)                                          # warm-up
+        preset = link.current_link().preset if link.current_link() is not None else None
+        link.set_link(None)                       # the warm-up step pays no modelled transfer
+        trainer.step(t0, y0, 0)
+        if preset is not None:
+            recalibrate(preset)                   # the link in proportion to compute now
         dist.barrier()
         before = len(link.op_log())
         with rank_trace(trace_dir, lab=LAB):

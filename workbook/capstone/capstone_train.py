@@ -27,7 +27,7 @@ from workbook.model import ModelConfig
 
 
 def _model() -> ModelConfig:
-    return ModelConfig(vocab_size=256, hidden=32, heads=4, ffn_hidden=64, n_layers=4, seq_len=16,
+    return ModelConfig(vocab_size=256, hidden=32, heads=4, ffn_hidden=64, n_layers=2, seq_len=16,
                        style="gpt", dtype="float64", seed=0)
 
 
@@ -46,6 +46,16 @@ class TrainSetup:
     micro_batches: int = 2          # per DP replica, in the pipeline
     bucket_bytes: int = 16 << 10    # the DP bucket cap: several buckets in this small model
     seed: int = 0                   # which rows of the corpus each step reads
+
+    @classmethod
+    def for_overlap(cls) -> "TrainSetup":
+        """The traced step's setup: GEMMs and a token count large enough that compute can cover
+        the simulated link (fp32, hidden 512, 2 048 tokens per DP replica: on ``dgx-h100`` a
+        GEMM covers its transfer when its width F gives F x 900 GB/s / (4 x 790 TFLOP/s) >= 1,
+        and the backward covers the DP all-reduce when the replica's tokens do the same)."""
+        cfg = ModelConfig(vocab_size=256, hidden=512, heads=8, ffn_hidden=2048, n_layers=2,
+                          seq_len=256, style="gpt", dtype="float32", seed=0)
+        return cls(cfg=cfg, batch=16, steps=2, micro_batches=2, bucket_bytes=2 << 20)
 
     @property
     def seq(self) -> int:
