@@ -114,5 +114,5 @@ def train_single_device(setup: TrainSetup, steps: int | None = None) -> dict:
         for group in opt.param_groups:
             group["lr"] = reference_lr(step, setup)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return {"losses": losses, "norms": norms}
