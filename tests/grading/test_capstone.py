@@ -231,9 +231,19 @@ def _ranks() -> int:
     return n
 
 
+def stubs_first() -> None:
+    """The mesh and the shard, in this process: an unfinished lab is told so before any rank
+    starts (a stub raises NotImplementedError here, as it would on every rank)."""
+    import torch
+    lab = _lab()
+    lab.mesh_ranks(4, 2, 2)
+    lab.dp_shard(torch.zeros(2, 1), 0, 2)
+
+
 def train_run(kind: str) -> list[dict]:
     """Every rank's 20 steps of ``kind`` (shared by the numbers and clipping tests)."""
     from workbook.capstone.capstone_run import train_steps
+    stubs_first()
     setup = _setup()
     return on_ranks(_ranks(), train_steps, kind, setup, setup.steps, timeout=TIMEOUT_S,
                     key=("train", kind))
@@ -346,6 +356,7 @@ def test_global_grad_norm():
 # --------------------------------------------------------------------------- traffic
 def traced_run(kind: str, trace_root, attempt: int = 0) -> list[dict]:
     from workbook.capstone.capstone_run import traced_step
+    stubs_first()
     n = _ranks()
     return on_ranks(n, traced_step, str(trace_root / f"{kind}-step{attempt}"), kind, _traced_setup(),
                     link=simulated_link(n, LINK), timeout=TIMEOUT_S,

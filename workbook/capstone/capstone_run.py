@@ -8,7 +8,8 @@ Rank functions (run them through ``workbook.grading.engine.on_ranks`` or
 * ``train_steps(kind, setup, steps)``: every step's loss and global gradient norm on this rank,
   with what the rank saw of its mesh (its groups, its DP shard's rows, its stage's blocks) and
   which pieces were the learner's own;
-* ``traced_step(trace_dir, kind, setup)``: one warm-up step, then one step in the profiler
+* ``traced_step(trace_dir, kind, setup)``: one small warm-up step (no link, the fewest rows),
+  then one step in the profiler
   (``workbook.trace.capture.rank_trace``): this rank's link operations with their global ranks
   and bus bytes (``capstone_traffic``), and the share of each group's link time hidden behind
   compute (``capstone_traffic.hidden_by_group``).
@@ -102,7 +103,8 @@ def traced_step(trace_dir: str, kind: str, setup) -> dict:
         trainer = make_trainer(lab, kind, setup, mesh, pieces)
         preset = link.current_link().preset if link.current_link() is not None else None
         link.set_link(None)                       # the warm-up step pays no modelled transfer
-        trainer.step(t0, y0, 0)
+        rows = mesh.dp * setup.micro_batches      # and runs the fewest rows every path takes
+        trainer.step(t0[:rows], y0[:rows], 0)
         if preset is not None:
             recalibrate(preset)                   # the link in proportion to compute now
         dist.barrier()
