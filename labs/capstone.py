@@ -266,8 +266,8 @@ def predict_traffic(kind: str, cfg, batch: int, inner: int, dp: int, micro_batch
       each of their gradients to the previous stage;
     * DP: the all-reduce of the gradients, every parameter once.
 
-    The grader compares it with the package's model on several meshes and with your own trace;
-    ``workbook run capstone`` prints all three."""
+    The grader compares it with the package's model on several meshes, and the model with your
+    own trace."""
     raise NotImplementedError("not implemented yet: capstone.predict_traffic")
 
 

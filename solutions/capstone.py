@@ -404,8 +404,8 @@ def predict_traffic(kind: str, cfg, batch: int, inner: int, dp: int, micro_batch
       each of their gradients to the previous stage;
     * DP: the all-reduce of the gradients, every parameter once.
 
-    The grader compares it with the package's model on several meshes and with your own trace;
-    ``workbook run capstone`` prints all three."""
+    The grader compares it with the package's model on several meshes, and the model with your
+    own trace."""
     ### BEGIN SOLUTION
     ### hint 1: three kinds of traffic, each a count of messages times their size: the TP shards per sublayer, the PP activations per micro-batch, the DP ring all-reduce of the gradients (lesson 14, section 8, "Predict the traffic, then read it"; lesson 3 for bus bytes).
     ### hint 2: item = element size; b = batch / dp. TP: 2 sublayers x 5 collectives per layer, plus 4 at the ends, each sending (n - 1) shards of b x S/n x H; PP: b x S x H per direction the stage sends in (forward unless last, backward unless first); DP: 2 (dp - 1) / dp x param_bytes.

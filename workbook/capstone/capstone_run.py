@@ -16,6 +16,11 @@ Rank functions (run them through ``workbook.grading.engine.on_ranks`` or
 
 ``make_trainer(lab, kind, setup, mesh, pieces)`` is the one place a configuration's trainer is
 picked. The lab is the implementation under test (``load_lab("capstone")``).
+
+From the notebook, the report or a bench (the main process): ``check_run`` (the one-line errors
+of a mesh or a setup that does not fit, before any rank starts; a command turns them into exit
+2), ``run_training`` (per-step losses of every rank) and ``run_traced`` (one traced step), each on
+the warm rank pool of ``workbook.runtime.launch.run``.
 """
 from __future__ import annotations
 
@@ -121,3 +126,44 @@ def traced_step(trace_dir: str, kind: str, setup) -> dict:
             "hidden": hidden_by_group(path, mesh) if modelled else {},
             "param_bytes": sum(p.numel() * p.element_size() for p in trainer.params),
             "notes": [p.note for p in pieces.values() if not p.own]}
+
+
+def check_run(kind: str, setup, world_size: int = INNER * DP) -> None:
+    """One-line ``ValueError`` unless ``kind`` x ``setup`` runs on the capstone's mesh of
+    ``world_size`` ranks (the mesh's sizes, then the setup's: ``TrainSetup.check``)."""
+    from workbook.capstone.mesh import check_mesh_sizes
+    if not isinstance(world_size, int) or world_size < INNER or world_size % INNER:
+        raise ValueError(f"mesh: {world_size} ranks do not split into inner groups of {INNER}: "
+                         f"the world size must be a multiple of {INNER}")
+    check_mesh_sizes(world_size, INNER, world_size // INNER)
+    setup.check(kind, INNER, world_size // INNER)
+
+
+def run_training(kind: str, setup=None, steps: int | None = None, impl: str | None = None,
+                 timeout: float = 300.0) -> list[dict]:
+    """``train_steps`` on the 2 x 2 mesh (``impl``: ``labs``, ``solutions`` or a folder; None:
+    the current one); every rank's ``{"losses", "norms", ...}``."""
+    from workbook.capstone.capstone_train import TrainSetup
+    from workbook.grading.labs import use_impl
+    from workbook.runtime.launch import run
+    setup = setup or TrainSetup()
+    check_run(kind, setup)
+    if impl is not None:
+        use_impl(impl)
+    return run(train_steps, INNER * DP, kind, setup, steps or setup.steps, timeout=timeout,
+               pool=True)
+
+
+def run_traced(kind: str, trace_dir: str, setup=None, link: str = "dgx-h100",
+               impl: str | None = None, timeout: float = 300.0) -> list[dict]:
+    """``traced_step`` on the 2 x 2 mesh over the simulated ``link`` (default setup:
+    ``TrainSetup.for_overlap()``); the traces in ``trace_dir``, one file per rank."""
+    from workbook.capstone.capstone_train import TrainSetup
+    from workbook.grading.labs import use_impl
+    from workbook.runtime.launch import run
+    setup = setup or TrainSetup.for_overlap()
+    check_run(kind, setup)
+    if impl is not None:
+        use_impl(impl)
+    return run(traced_step, INNER * DP, str(trace_dir), kind, setup, link=link,
+               timeout=timeout, pool=True)
