@@ -92,7 +92,7 @@ def traced_step(trace_dir: str, kind: str, setup) -> dict:
     import torch.distributed as dist
 
     from workbook import link
-    from workbook.capstone.capstone_traffic import hidden_by_group, op_rows
+    from workbook.capstone.capstone_traffic import hidden_by_group, op_rows, rank_param_bytes
     from workbook.capstone.capstone_train import global_batches
     from workbook.capstone.pieces import load_pieces
     from workbook.grading.labs import load_lab
@@ -124,7 +124,7 @@ def traced_step(trace_dir: str, kind: str, setup) -> dict:
     return {"rank": rank, "link": link.current_link().label if modelled else "none",
             "modelled": modelled, "ops": op_rows(records),
             "hidden": hidden_by_group(path, mesh) if modelled else {},
-            "param_bytes": sum(p.numel() * p.element_size() for p in trainer.params),
+            "param_bytes": rank_param_bytes(kind, setup.cfg, mesh.inner, mesh.inner_rank),
             "notes": [p.note for p in pieces.values() if not p.own]}
 
 
