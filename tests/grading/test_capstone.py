@@ -420,7 +420,7 @@ trace_root = trace_root_fixture("capstone_traces")
 
 
 @pytest.mark.points(2)
-@pytest.mark.tasks("TPxDPTrainer", "DPGradientSync", "predict_traffic")
+@pytest.mark.tasks("TPxDPTrainer", "DPGradientSync")
 def test_traffic_tp_dp(trace_root):
     """TP x DP, one traced step: every operation on a group of the mesh; per group, the bytes
     the model predicts."""
@@ -428,7 +428,7 @@ def test_traffic_tp_dp(trace_root):
 
 
 @pytest.mark.points(2)
-@pytest.mark.tasks("PPxDPTrainer", "DPGradientSync", "predict_traffic")
+@pytest.mark.tasks("PPxDPTrainer", "DPGradientSync")
 def test_traffic_pp_dp(trace_root):
     """PP x DP, one traced step: the same."""
     check_traffic("pp", trace_root)
