@@ -307,7 +307,19 @@ def check_numbers(kind: str) -> None:
                                      " Each step must be one device's: the shard, the DP average "
                                      "(every collective naming its group), the clipping by the "
                                      "whole model's norm, the step's learning rate, Adam "
-                                     f"(lesson 14, section {6 if kind == 'tp' else 7})."))
+                                     f"(lesson 14, section {6 if kind == 'tp' else 7})."
+                                     + _composed(res)))
+
+
+def _composed(res: dict) -> str:
+    """The learner's own earlier pieces in this run, which their own labs grade."""
+    own = res.get("own") or []
+    if not own:
+        return ""
+    labs = sorted({o.split(" ")[0] for o in own})
+    return (f" The earlier pieces composed here are yours: {', '.join(own)}; `workbook grade "
+            f"--lab {labs[0]}`" + "".join(f", `--lab {lab}`" for lab in labs[1:])
+            + " check them on their own.")
 
 
 @pytest.mark.points(3)
