@@ -12,14 +12,14 @@
 #    5. clip_gradients (1.5 pts): Scale every gradient by min(1, max_norm / (norm + eps)), the norm
 #       being the whole model's (the function above) and eps the constant at the top of this file,
 #       as torch's clip_grad_norm_ does on one device; returns the norm before clipping.
-#    6. DPGradientSync.__init__, .start, .grad_ready and .finish (5 pts): The gradients of `params`
-#       averaged over the DP group, bucket by bucket, during the backward pass (PyTorch DDP, Li et
-#       al.
+#    6. DPGradientSync.__init__, .start, .grad_ready and .finish (4.5 pts): The gradients of
+#       `params` averaged over the DP group, bucket by bucket, during the backward pass (PyTorch
+#       DDP, Li et al.
 #    7. stage_blocks (1.75 pts): The blocks (indices `0 ..
 #    8. TPxDPTrainer.__init__ and .step (2.75 pts): One TP x DP rank: the given sequence-parallel
 #       model built around your tp_overlap block (the pieces' TP block) inside each DP replica,
 #       your DP sync across the replicas, clipping, the schedule and Adam.
-#    9. PPxDPTrainer.__init__ and .step (2.25 pts): One PP x DP rank: your pp_overlap overlapped
+#    9. PPxDPTrainer.__init__ and .step (2.75 pts): One PP x DP rank: your pp_overlap overlapped
 #       executor (the pieces' executor) running your 1F1B order (the pieces' schedule) on this
 #       stage, the stage's blocks from your split above, your DP sync of the stage's parameters
 #       across the replicas, clipping over the PP group, the schedule and Adam.
