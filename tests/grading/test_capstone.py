@@ -26,10 +26,11 @@ model (``capstone_traffic.traffic_model``, the figure the prediction task derive
 all-reduces carry every parameter once and are issued during the backward pass.
 
 Overlap (the same traced step, the shared timing policy ``workbook.grading.timing``): per
-group, the share of its link time hidden behind compute; TP and DP must be mostly hidden (the
-floors sit below the reference's lowest figure measured on a busy 2-core machine), PP is
-graded with a low floor. A check whose piece is the package's stand-in (an unfinished earlier
-lab, ``capstone.pieces``) earns nothing and says so. Numbers first, as in every lab.
+family, the share of its group's link time hidden behind compute. The reference hides most of
+the TP and DP traffic (typically 50-80 %); the floors sit below its lowest figure on a busy
+2-core machine (``LIMITS``), and PP's share is reported with a floor of 0. A family whose piece
+is the package's stand-in (an unfinished earlier lab, ``capstone.pieces``) earns nothing and
+says so. Numbers first, as in every lab.
 
 Prediction (instant): ``predict_traffic`` for both configurations on five meshes and two
 models, against the model; a value that equals a known wrong derivation names it, and one read
