@@ -23,14 +23,16 @@ RELEASE_MANIFEST = "release.json"
 NO_SOLUTIONS_IN_RELEASE = ("this course is a student release: the reference solutions/ stay with "
                            "the instructor; use labs (your files) or a folder of lab files")
 LABS = ["collectives", "ring_allreduce", "async_overlap", "tp", "sp", "domino", "overlap_math",
-        "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring", "pp_schedules", "ep_overlap"]
+        "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring", "pp_schedules", "ep_overlap",
+        "capstone"]
 #: The family folder of ``workbook/`` that holds each lab's given pieces, bench, report and helpers.
 FAMILY = {"collectives": "communication", "ring_allreduce": "communication",
           "async_overlap": "communication", "overlap_math": "communication",
           "tp": "tensor_parallel", "sp": "tensor_parallel", "domino": "tensor_parallel",
           "tp_overlap": "tensor_parallel", "dp_overlap": "data_parallel",
           "pp_overlap": "pipeline_parallel", "cp_ring": "context_parallel",
-          "pp_schedules": "pipeline_parallel", "ep_overlap": "expert_parallel"}
+          "pp_schedules": "pipeline_parallel", "ep_overlap": "expert_parallel",
+          "capstone": "capstone"}
 
 
 def lab_module(lab: str, role: str) -> str:

@@ -206,17 +206,18 @@ class LinkedProcessGroup(dist.ProcessGroup):
         if link is None and not STATE.measure:
             return LinkWork(inner, None, then=then)
         now = time.perf_counter_ns()
+        ranks = self._ranks if peer is None else [self._ranks[self.rank()], self._ranks[peer]]
         if link is None:                 # GPU ranks on gloo: the op as it really runs, unmodelled
             rec = OpRecord(0, op, size_bytes, self.size(), async_op, now, 0, start_ns=now,
                            gemms_at_issue=gemms_run(), measured=True)
             held = []
         else:
             n = self.size()              # the ranks taking part: the group, or a p2p's two
-            ranks = self._ranks if peer is None else [self._ranks[self.rank()], self._ranks[peer]]
             seconds = link.op_time(op, size_bytes, ranks) if modelled_s is None else modelled_s
             rec = OpRecord(0, op, size_bytes, n, async_op, now, int(seconds * 1e9),
                            gemms_at_issue=gemms_run())
             held = lanes(op, link.fabrics(op, ranks))
+        rec.ranks = tuple(ranks)
         for name, value in fields.items():
             setattr(rec, name, value)
         if op in ("send", "recv"):

@@ -62,6 +62,8 @@ class OpRecord:
     measured: bool = False   # no link modelled (GPU ranks on gloo): start..end is the real op
     recv_bytes: int = 0      # an all-to-all: the bytes this rank received (size_bytes: it sent)
     split_bytes: tuple | None = None   # an all-to-all on a modelled link: bytes [sender][receiver]
+    ranks: tuple = ()        # the global ranks taking part (the group's, or a p2p's two): which
+                             # group of a mesh carried it (the capstone's traffic per group)
 
     @property
     def link_ns(self) -> int:

@@ -134,6 +134,7 @@ def link_events(records, pid, offset_us: float, since_ns: int) -> list[dict]:
         events.append({"ph": "X", "cat": "link", "name": r.op, "pid": pid, "tid": "link",
                        "ts": r.start_ns / 1000 + offset_us, "dur": r.link_ns / 1000,
                        "args": {"bytes": r.size_bytes, "seq": r.seq, "group_size": r.group_size,
+                                "ranks": list(r.ranks),
                                 **how, "async": r.async_op,
                                 **({"recv_bytes": r.recv_bytes, "split_bytes": r.split_bytes}
                                    if r.op == "all_to_all" else {}),
