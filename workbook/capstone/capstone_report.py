@@ -23,6 +23,8 @@ picture from its own runs (``capstone_lesson``).
 """
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from workbook.trace import colors
@@ -95,20 +97,36 @@ def groups_of(kind: str, inner: int = 2, world: int = WORLD_SIZE):
     return group_of
 
 
+@contextmanager
+def implementation(impl: str | None):
+    """On a rank: load the lab (and the earlier labs it composes) from ``impl`` (``labs``,
+    ``solutions`` or a folder; None: as it is) inside the block, the rank's choice restored
+    after (a warm rank serves later runs too)."""
+    from workbook.grading.labs import ENV_IMPL, use_impl
+    saved = os.environ.get(ENV_IMPL)
+    if impl is not None:
+        use_impl(impl)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_IMPL, None)
+        else:
+            os.environ[ENV_IMPL] = saved
+
+
 def train_losses(kind: str, setup=None, steps: int | None = None, impl: str | None = None) -> dict:
     """On every rank: ``capstone_run.train_steps`` with no link model (the run's numbers do not
     depend on time), the link given back afterwards."""
     from workbook import link
     from workbook.capstone.capstone_run import train_steps
     from workbook.capstone.capstone_train import TrainSetup
-    from workbook.grading.labs import use_impl
-    if impl is not None:
-        use_impl(impl)                          # this rank loads the lab from impl
     setup = setup or TrainSetup()
     saved = link.current_link()
     link.set_link(None)
     try:
-        return train_steps(kind, setup, steps or setup.steps)
+        with implementation(impl):
+            return train_steps(kind, setup, steps or setup.steps)
     finally:
         link.set_link(saved)
 
@@ -118,10 +136,8 @@ def traced_picture(trace_dir: str, kind: str, setup=None, impl: str | None = Non
     ``TrainSetup.for_overlap``), with this rank's ``step_spans`` added as ``"spans"``."""
     from workbook.capstone.capstone_run import traced_step
     from workbook.capstone.capstone_train import TrainSetup
-    from workbook.grading.labs import use_impl
-    if impl is not None:
-        use_impl(impl)
-    out = traced_step(str(trace_dir), kind, setup or TrainSetup.for_overlap())
+    with implementation(impl):
+        out = traced_step(str(trace_dir), kind, setup or TrainSetup.for_overlap())
     path = Path(trace_dir) / f"rank{out['rank']}.trace.json"
     if "ops" in out and path.is_file():
         out["spans"] = step_spans(path, groups_of(kind))
@@ -143,26 +159,27 @@ def run(trace_dir=None, impl=None, options=None) -> dict:
     o = {"steps": None, "setup": None, "traced_setup": None, **(options or {})}
     setup = o["setup"] or TrainSetup()
     rank, preset = dist.get_rank(), link.current_link() and link.current_link().preset
-    out = {"rank": rank, "training": {}, "traced": {}, "steps": o["steps"] or setup.steps}
-    for kind in KINDS:
-        out["training"][kind] = train_losses(kind, setup, o["steps"], impl)
-        if "error" in out["training"][kind] or "not_implemented" in out["training"][kind]:
-            raise NotImplementedError(f"capstone: {NAMES[kind]} does not train yet")
-    if rank == 0:
-        try:
-            out["single"] = train_single_device(setup, out["steps"])["losses"]
-        except Exception as exc:                      # noqa: BLE001 - a figure, not a check
-            out["single"] = rank_error(exc)
-    if preset:
-        recalibrate(preset)                   # traced_step reads the link it is given
-    out["traffic"] = {}
-    with trace_folder(trace_dir, "capstone") as root:
+    out = {"rank": rank, "training": {}, "traced": {}, "traffic": {},
+           "steps": o["steps"] or setup.steps}
+    with implementation(impl):
         for kind in KINDS:
-            res = out["traced"][kind] = traced_picture(str(Path(root) / kind), kind,
-                                                       o["traced_setup"])
-            if "error" in res or "not_implemented" in res:
-                raise NotImplementedError(f"capstone: the traced {NAMES[kind]} step failed")
-            out["traffic"][kind] = traffic_rows(res, kind, o["traced_setup"])
+            out["training"][kind] = train_losses(kind, setup, o["steps"])
+            if "error" in out["training"][kind] or "not_implemented" in out["training"][kind]:
+                raise NotImplementedError(f"capstone: {NAMES[kind]} does not train yet")
+        if rank == 0:
+            try:
+                out["single"] = train_single_device(setup, out["steps"])["losses"]
+            except Exception as exc:                  # noqa: BLE001 - a figure, not a check
+                out["single"] = rank_error(exc)
+        if preset:
+            recalibrate(preset)               # traced_step reads the link it is given
+        with trace_folder(trace_dir, "capstone") as root:
+            for kind in KINDS:
+                res = out["traced"][kind] = traced_picture(str(Path(root) / kind), kind,
+                                                           o["traced_setup"])
+                if "error" in res or "not_implemented" in res:
+                    raise NotImplementedError(f"capstone: the traced {NAMES[kind]} step failed")
+                out["traffic"][kind] = traffic_rows(res, kind, o["traced_setup"])
     return out
 
 
