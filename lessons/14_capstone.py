@@ -20,7 +20,6 @@ import tempfile
 from pathlib import Path
 
 from workbook.capstone import capstone_lesson as lesson
-from workbook.capstone import capstone_report as report
 from workbook.capstone.capstone_train import TrainSetup, global_batches
 from workbook.grading.labs import load_lab
 from workbook.lessons import check_your_work, on_ranks, yours_reference_or_recorded
@@ -246,12 +245,12 @@ lesson.traffic_table(traced, mine.predict_traffic, traced_setup)
 # The same traced steps, drawn: a row per rank, compute grey, each group's transfers in its own
 # colour (TP orange and PP green above the row's middle, DP blue below), and a red bar under the
 # row wherever a transfer ran with no compute beside it, the **exposed** part. Beside it, the loss
-# curves of sections 6 and 7. Hover over a bar for its operation, bytes and time.
+# curves of sections 6 and 7. Hover over a bar for its operation, bytes and time; the dropdown
+# draws one configuration larger. `workbook run capstone` draws the same picture from your lab
+# (`capstone_step.html`, beside the traces).
 
 # %%
-report.figure(lesson.assemble(trained, single, traced),
-              title="One step of each configuration, 4 ranks as a 2 × 2 mesh — SIMULATED "
-                    "dgx-h100 link")
+lesson.picture_panel(lesson.assemble(trained, single, traced))
 
 # %% [markdown]
 # The share of each group's link time that compute hid, every rank's added (a late peer's wait

@@ -284,6 +284,23 @@ def traffic_table(traced: list[dict], predict, setup) -> None:
         print(w)
 
 
+def picture_panel(results: list[dict]):
+    """The picture of a whole step (``capstone_report.figure``) under a dropdown: both
+    configurations, or one of them drawn larger."""
+    import ipywidgets as W
+
+    from workbook.capstone.capstone_report import figure
+    from workbook.measure.lesson_figures import live_figure
+    link = next((r.get("link") for r in results[0]["traced"].values() if r.get("link")), "")
+    choices = [("both configurations", KINDS)] + [(NAMES[k], (k,)) for k in KINDS]
+    show = W.Dropdown(options=choices, value=KINDS, description="show")
+
+    def draw(show):
+        return figure(results, kinds=show, title="One step, 4 ranks as a 2 × 2 mesh — "
+                      + link.replace("simulated", "SIMULATED", 1))
+    return live_figure(draw, {"show": show}, [["show"]])
+
+
 def hidden_table(traced: list[dict]) -> None:
     """Per configuration and group: link ms and exposed ms (ranks added) and the share hidden,
     as the grader reads them."""
@@ -297,19 +314,18 @@ def hidden_table(traced: list[dict]) -> None:
 
 
 # --------------------------------------------------------------------------- 10. plan
-def plan(*options: str) -> int:
+def plan(*options: str) -> None:
     """``workbook plan OPTIONS`` from a cell (``plan_cli``, the command's own code): what it
-    prints; its exit status (0 it fits, 1 it does not; a broken rule is said in one line)."""
+    prints (whether the split fits in memory is its last line; a broken rule, one line)."""
     import argparse
 
     from workbook.capstone.plan_cli import add_arguments, run
     parser = argparse.ArgumentParser(prog="workbook plan")
     add_arguments(parser)
     try:
-        return run(parser.parse_args(list(options)))
+        run(parser.parse_args(list(options)))
     except ValueError as exc:
         print(f"workbook plan: {exc}")
-        return 2
 
 
 #: the options every row of docs/plan-llama3.md shares (Llama 3 405B on H100s)

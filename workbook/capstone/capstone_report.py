@@ -248,19 +248,21 @@ def loss_gap(results: list[dict]) -> dict:
     return out
 
 
-def figure(results: list[dict], title: str | None = None):
-    """The picture: per configuration a timeline of the traced step, a row per rank, beside the
-    loss curves against one device (module docstring). JSON-serialisable (plain lists)."""
-    import plotly.graph_objects as go
+def figure(results: list[dict], title: str | None = None, kinds=KINDS):
+    """The picture: per configuration of ``kinds`` a timeline of the traced step, a row per
+    rank, beside the loss curves against one device (module docstring). JSON-serialisable
+    (plain lists)."""
     from plotly.subplots import make_subplots
     traced = {k: [r["traced"][k] for r in results] for k in KINDS if k in results[0]["traced"]}
     link = next((t[0].get("link") for t in traced.values() if t and t[0].get("link")), "no link")
-    fig = make_subplots(rows=2, cols=2, column_widths=[0.7, 0.3], horizontal_spacing=0.08,
-                        vertical_spacing=0.14, specs=[[{}, {"rowspan": 2}], [{}, None]],
-                        subplot_titles=[_panel_title(traced, KINDS[0]), "loss, every step",
-                                        _panel_title(traced, KINDS[1])])
+    kinds, n = list(kinds), len(kinds)
+    specs = [[{}, {"rowspan": n}]] + [[{}, None] for _ in range(n - 1)]
+    titles = [_panel_title(traced, kinds[0]), "loss, every step"] + \
+        [_panel_title(traced, k) for k in kinds[1:]]
+    fig = make_subplots(rows=n, cols=2, column_widths=[0.7, 0.3], horizontal_spacing=0.08,
+                        vertical_spacing=0.14, specs=specs, subplot_titles=titles)
     shown = set()
-    for row, kind in enumerate(KINDS, 1):
+    for row, kind in enumerate(kinds, 1):
         for bar in timeline_bars(traced.get(kind, []), kind, shown):
             fig.add_trace(bar, row=row, col=1)
         fig.update_yaxes(tickvals=list(range(WORLD_SIZE)),
@@ -274,9 +276,10 @@ def figure(results: list[dict], title: str | None = None):
     fig.update_layout(
         title=title or f"One step of each configuration, 4 ranks as a 2 x 2 mesh — "
                        f"{link.replace('simulated', 'SIMULATED', 1)}",
-        barmode="overlay", height=720, plot_bgcolor="white", hovermode="closest",
-        legend=dict(orientation="h", y=-0.12, yanchor="top", x=0, xanchor="left"),
-        margin=dict(l=10, r=10, t=90, b=60))
+        barmode="overlay", height=150 + 300 * n, plot_bgcolor="white", hovermode="closest",
+        legend=dict(orientation="h", y=-0.22 if n == 1 else -0.12, yanchor="top", x=0,
+                    xanchor="left"),
+        margin=dict(l=10, r=10, t=90, b=80))
     return fig
 
 
