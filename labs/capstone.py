@@ -3,31 +3,29 @@
 # (or `workbook watch capstone`). Stuck on task N? `workbook hint capstone N`, one hint at a time.
 #
 # Your tasks (24 pts in all):
-#    1. mesh_ranks (2.75 pts): The rank lists of an `inner x dp` mesh of `world_size` ranks:
-#       `(inner_groups, dp_groups)`.
+#    1. mesh_ranks (2.75 pts): The rank lists of an inner x dp mesh of all the ranks: a pair, the
+#       inner groups, then the DP groups, each a list of lists of ranks.
 #    2. dp_shard (2.5 pts): This DP rank's rows of a global batch `[B, ...]`: `[B / dp_size, ...]`.
-#    3. lr_at (1 pt): The learning rate of `step` (0-based) of a run of `setup.steps` steps.
+#    3. lr_at (1 pt): The learning rate of a step (counted from 0) of the setup's run.
 #    4. global_grad_norm (1.5 pts): The 2-norm of the whole model's gradient, the same on every
 #       rank (a 0-d tensor).
-#    5. clip_gradients (1.5 pts): Scale every gradient by `min(1, max_norm / (norm + 1e-6))`
-#       (`CLIP_EPS`), the norm being `global_grad_norm`'s, as `torch.nn.utils.clip_grad_norm_` does
-#       on one device; returns the norm before clipping.
-#    6. DPGradientSync.__init__, .start, .grad_ready and .finish (4.33 pts): The gradients of
+#    5. clip_gradients (1.5 pts): Scale every gradient by min(1, max_norm / (norm + eps)), the norm
+#       being the whole model's (the function above) and eps the constant at the top of this file,
+#       as torch's clip_grad_norm_ does on one device; returns the norm before clipping.
+#    6. DPGradientSync.__init__, .start, .grad_ready and .finish (4.5 pts): The gradients of
 #       `params` averaged over the DP group, bucket by bucket, during the backward pass (PyTorch
 #       DDP, Li et al.
 #    7. stage_blocks (1.75 pts): The blocks (indices `0 ..
-#    8. TPxDPTrainer.__init__ and .step (2.42 pts): One TP x DP rank: the sequence-parallel model
-#       (given `SPLanguageModel`) with your `tp_overlap` `OverlapBlock` (`pieces["tp_block"]`)
-#       inside each DP replica, your `DPGradientSync` across the replicas, clipping, the schedule
-#       and Adam.
-#    9. PPxDPTrainer.__init__ and .step (1.92 pts): One PP x DP rank: your `pp_overlap`
-#       `OverlappedExecutor` (`pieces["executor"]`) running your `one_f_one_b`
-#       (`pieces["schedule"]`) on this stage, the stage's blocks from your `stage_blocks`, your
-#       `DPGradientSync` of the stage's parameters across the replicas, clipping over the PP group,
-#       the schedule and Adam.
-#   10. predict_traffic (4.33 pts): Predict, before you run it, the bytes one rank sends in each of
-#       its groups in one training step: `{"TP": ..., "DP": ...}` (`kind == "tp"`) or
-#       `{"PP": ..., "DP": ...}` (`kind == "pp"`).
+#    8. TPxDPTrainer.__init__ and .step (2.75 pts): One TP x DP rank: the given sequence-parallel
+#       model built around your tp_overlap block (the pieces' TP block) inside each DP replica,
+#       your DP sync across the replicas, clipping, the schedule and Adam.
+#    9. PPxDPTrainer.__init__ and .step (2.75 pts): One PP x DP rank: your pp_overlap overlapped
+#       executor (the pieces' executor) running your 1F1B order (the pieces' schedule) on this
+#       stage, the stage's blocks from your split above, your DP sync of the stage's parameters
+#       across the replicas, clipping over the PP group, the schedule and Adam.
+#   10. predict_traffic (3 pts): Predict, before you run it, the bytes one rank sends in each of
+#       its groups in one training step: a dict from the group's name, "TP" and "DP" (kind tp) or
+#       "PP" and "DP" (kind pp), to a number of bytes.
 """Lab `capstone`: your pieces, composed on a 2 x 2 mesh, train a small model on real text
 exactly as one device would.
 
@@ -77,8 +75,8 @@ CLIP_EPS = 1e-6                   # torch.nn.utils.clip_grad_norm_'s
 
 # --------------------------------------------------------------------------- 1. the mesh
 def mesh_ranks(world_size: int, inner: int, dp: int) -> tuple[list[list[int]], list[list[int]]]:
-    """The rank lists of an ``inner x dp`` mesh of ``world_size`` ranks: ``(inner_groups,
-    dp_groups)``.
+    """The rank lists of an inner x dp mesh of all the ranks: a pair, the inner groups, then the
+    DP groups, each a list of lists of ranks.
 
     Lesson 14, section 1 ("A mesh of groups"). Contract: ``dp`` inner groups (TP or PP) of
     ``inner`` consecutive ranks, in order (``[0, 1], [2, 3]``); ``inner`` DP groups, group i
@@ -101,13 +99,13 @@ def dp_shard(batch: torch.Tensor, dp_rank: int, dp_size: int) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- 3. the schedule
 def lr_at(step: int, setup: TrainSetup) -> float:
-    """The learning rate of ``step`` (0-based) of a run of ``setup.steps`` steps.
+    """The learning rate of a step (counted from 0) of the setup's run.
 
     Lesson 14, section 3 ("Clipping and the schedule"). Contract: a linear warm-up over the
-    first ``setup.warmup`` steps, reaching ``setup.max_lr`` at step ``warmup - 1`` (step 0 is
-    ``max_lr / warmup``); then a cosine decay from ``max_lr`` at step ``warmup`` to
-    ``setup.min_lr`` at step ``steps``, held there after. The single-device run uses the
-    same schedule."""
+    setup's warm-up steps, reaching its peak rate on the last of them (the first step gets the
+    peak over the number of warm-up steps); then a cosine decay from the peak, on the first step
+    after the warm-up, to the setup's floor rate on the step after the run's last, held there
+    after. The single-device run uses the same schedule."""
     raise NotImplementedError("not implemented yet: capstone.lr_at")
 
 
@@ -125,9 +123,10 @@ def global_grad_norm(params: list, mesh: Mesh) -> torch.Tensor:
 
 
 def clip_gradients(params: list, mesh: Mesh, max_norm: float) -> torch.Tensor:
-    """Scale every gradient by ``min(1, max_norm / (norm + 1e-6))`` (``CLIP_EPS``), the norm
-    being ``global_grad_norm``'s, as ``torch.nn.utils.clip_grad_norm_`` does on one device;
-    returns the norm before clipping. Lesson 14, section 3."""
+    """Scale every gradient by min(1, max_norm / (norm + eps)), the norm being the whole
+    model's (the function above) and eps the constant at the top of this file, as torch's
+    clip_grad_norm_ does on one device; returns the norm before clipping. Lesson 14,
+    section 3."""
     raise NotImplementedError("not implemented yet: capstone.clip_gradients")
 
 
@@ -190,20 +189,18 @@ def replica_mean(loss: torch.Tensor, mesh: Mesh) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- 7. TP x DP
 class TPxDPTrainer:
-    """One TP x DP rank: the sequence-parallel model (given ``SPLanguageModel``) with your
-    ``tp_overlap`` ``OverlapBlock`` (``pieces["tp_block"]``) inside each DP replica, your
-    ``DPGradientSync`` across the replicas, clipping, the schedule and Adam.
+    """One TP x DP rank: the given sequence-parallel model built around your tp_overlap block
+    (the pieces' TP block) inside each DP replica, your DP sync across the replicas, clipping,
+    the schedule and Adam.
 
-    Lesson 14, section 6 ("TP x DP: one step"). Built from a ``TrainSetup``, the mesh
-    (``kind == "tp"``) and the pieces; the model is built inside the TP group seen as the
-    world (``mesh.as_world(mesh.inner_group)``), its Adam from ``setup.max_lr``,
-    ``setup.betas``, ``setup.eps``. ``step(tokens, targets, step)``: the global batch ``[B,
-    S]`` (the same on every rank) and the step number in; this replica's DP shard through
-    forward and backward inside the TP group (phases ``forward``, ``backward``,
-    ``optimizer`` as ``record_function`` ranges); then the DP average, the sequence-parallel
-    gradients summed over the TP group (the given ``sync_sequence_parallel_grads``, after the
-    DP average: it rewrites the gradients), the clipping by ``setup.max_norm`` (the norm
-    before clipping kept in ``self.norm``), the learning rate of the step, Adam. Returns the
+    Lesson 14, section 6 ("TP x DP: one step"). Built from a training setup, the mesh (of kind
+    tp) and the pieces: the model is built inside the TP group seen as the world, Adam from the
+    setup's peak rate, betas and eps. The step: the global batch (the same on every rank) and
+    the step number in; this replica's DP shard through forward and backward inside the TP
+    group (the phases forward, backward and optimizer as profiler ranges); then the DP
+    average, the sequence-parallel gradients summed over the TP group (the given sync, after
+    the DP average: it rewrites the gradients), the clipping by the setup's maximum norm (the
+    norm before clipping kept on the trainer), the step's learning rate, Adam. Returns the
     global batch's mean loss (a float), equal on every rank, equal to one device's."""
 
     def __init__(self, setup: TrainSetup, mesh: Mesh, pieces: dict):
@@ -216,20 +213,19 @@ class TPxDPTrainer:
 
 # --------------------------------------------------------------------------- 8. PP x DP
 class PPxDPTrainer:
-    """One PP x DP rank: your ``pp_overlap`` ``OverlappedExecutor`` (``pieces["executor"]``)
-    running your ``one_f_one_b`` (``pieces["schedule"]``) on this stage, the stage's blocks
-    from your ``stage_blocks``, your ``DPGradientSync`` of the stage's parameters across the
-    replicas, clipping over the PP group, the schedule and Adam.
+    """One PP x DP rank: your pp_overlap overlapped executor (the pieces' executor) running your
+    1F1B order (the pieces' schedule) on this stage, the stage's blocks from your split
+    above, your DP sync of the stage's parameters across the replicas, clipping over the PP
+    group, the schedule and Adam.
 
-    Lesson 14, section 7 ("PP x DP: one step"). Built from a ``TrainSetup`` (its
-    ``micro_batches`` per replica), the mesh (``kind == "pp"``; stage = ``mesh.inner_rank``)
-    and the pieces: the executor is made inside the PP group seen as the world (its ranks
-    and peers are then stage numbers), its ``stage`` replaced by the given
-    ``stage_with_blocks`` of your split. ``step(tokens, targets, step)``: as
-    ``TPxDPTrainer.step``, the executor's step running the stage's 1F1B actions inside the
-    PP group (each gradient is accumulated once per micro-batch); the loss, which only the
-    last stage computes, summed over the PP group, then averaged over the DP group: every
-    rank returns the global batch's mean loss."""
+    Lesson 14, section 7 ("PP x DP: one step"). Built from a training setup (its micro-batches
+    per replica), the mesh (of kind pp; the stage is this rank's inner position) and the
+    pieces: the executor is made inside the PP group seen as the world (its ranks and peers
+    are then stage numbers), its stage module replaced by the given stage builder holding
+    your split's blocks. The step: as the TP x DP trainer's, the executor's step running the
+    stage's 1F1B actions inside the PP group (each gradient is accumulated once per
+    micro-batch); the loss, which only the last stage computes, summed over the PP group, then
+    averaged over the DP group: every rank returns the global batch's mean loss."""
 
     def __init__(self, setup: TrainSetup, mesh: Mesh, pieces: dict):
         self.setup, self.mesh, self.norm = setup, mesh, None
@@ -243,13 +239,13 @@ class PPxDPTrainer:
 def predict_traffic(kind: str, cfg, batch: int, inner: int, dp: int, micro_batches: int,
                     param_bytes: int, inner_rank: int = 0) -> dict:
     """Predict, before you run it, the bytes one rank sends in each of its groups in one
-    training step: ``{"TP": ..., "DP": ...}`` (``kind == "tp"``) or ``{"PP": ..., "DP": ...}``
-    (``kind == "pp"``).
+    training step: a dict from the group's name, "TP" and "DP" (kind tp) or "PP" and "DP"
+    (kind pp), to a number of bytes.
 
-    Lesson 14, section 8 ("Predict the traffic, then read it"). The rank is at position
-    ``inner_rank`` of its inner group (its TP rank, or its stage); ``cfg`` the model
-    (``ModelConfig``: ``hidden``, ``seq_len``, ``n_layers``, ``torch_dtype``), ``batch`` the
-    global batch's rows, ``param_bytes`` the bytes of this rank's parameters. Count what a rank
+    Lesson 14, section 8 ("Predict the traffic, then read it"). The rank is at the given
+    position of its inner group (its TP rank, or its stage); the model configuration gives the
+    width, the sequence length, the layers and the element type; the batch is the global
+    batch's rows; the parameter bytes are this rank's. Count what a rank
     *sends* on the wire, the way a ring moves it (the bus bytes of lesson 3): an all-gather or
     a reduce-scatter of ``n`` shards sends ``n - 1`` of them, an all-reduce of ``X`` bytes
     ``2 (n - 1) / n * X``, a point-to-point send its tensor. Count the activations' and the
@@ -259,10 +255,10 @@ def predict_traffic(kind: str, cfg, batch: int, inner: int, dp: int, micro_batch
     * TP (sequence parallel, your ``OverlapBlock`` with ``Overlap()``): per sublayer, forward
       an all-gather into the column GEMM and a reduce-scatter out of the row GEMM, backward an
       all-gather of the row GEMM's output gradient, the column GEMM's input gathered again
-      and its input gradient reduce-scattered, each a shard ``[B/dp, S/n, H]``; the embedding
+      and its input gradient reduce-scattered, each a shard [B/dp, S/n, H]; the embedding
       (a reduce-scatter forward, its all-gather backward) and the head (an all-gather forward,
       its reduce-scatter backward) too;
-    * PP: each of the ``micro_batches`` activations ``[B/dp/m, S, H]`` to the next stage, and
+    * PP: each of the m micro-batches' activations [B/dp/m, S, H] to the next stage, and
       each of their gradients to the previous stage;
     * DP: the all-reduce of the gradients, every parameter once.
 

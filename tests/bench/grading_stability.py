@@ -50,9 +50,10 @@ TIMING_CHECKS = {
     "ep_overlap": ["shared_expert_hides_dispatch", "deferred_wgrad_hides_backward",
                    "two_batch_hides"],
     "cp_ring": ["forward_exchange_hidden", "backward_exchange_hidden"],
+    "capstone": ["overlap_tp", "overlap_dp", "overlap_pp"],
 }
 PCT_LABS = {"async_overlap", "domino", "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring",
-            "ep_overlap"}          # whose shortfall is in points of overlap %
+            "ep_overlap", "capstone"}          # whose shortfall is in points of overlap %
 CONDITIONS = ["quiet", "busy", "onecore"]
 MARK = "GRADING_STABILITY_RESULT "
 # tests/package/test_overlap_math_wrong_caught.py asserts this set inline (it has no CASES)
@@ -68,13 +69,14 @@ def wrong_cases(lab: str) -> dict[str, set[str]]:
     for name in ("test_wrong_impls_caught", "test_domino_wrong_caught",
                  "test_tp_overlap_wrong_caught", "test_dp_overlap_wrong_caught",
                  "test_pp_overlap_wrong_caught", "test_cp_ring_wrong_caught",
-                 "test_pp_schedules_wrong_caught", "test_ep_overlap_grader"):
+                 "test_pp_schedules_wrong_caught", "test_ep_overlap_grader",
+                 "test_capstone_wrong_caught"):
         spec = importlib.util.spec_from_file_location(name, ROOT / "tests/package" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         for folder, case in module.CASES.items():
             in_process = ("dp_overlap", "pp_overlap", "cp_ring", "pp_schedules",  # (checks run,
-                          "ep_overlap")
+                          "ep_overlap", "capstone")
             # {check: words}), no test_
             if folder.startswith(in_process):
                 if folder.startswith(lab):

@@ -11,7 +11,10 @@ solutions/" and "grading labs/" stages, as for every lab: not graded a second ti
 * clip_norm_per_rank (``global_grad_norm`` never sums over the TP group) -> TP x DP's numbers
   and the norm check, which name the step and the two TP ranks' norms;
 * stage_boundary_off_by_one (``stage_blocks`` ends each stage one block late) -> the stages on
-  paper, and PP x DP's numbers, which name the block that runs on two stages.
+  paper, and PP x DP's numbers, which name the block that runs on two stages;
+* prediction_forward_only and prediction_dp_payload (``predict_traffic`` alone wrong: the TP
+  traffic of the forward pass only; the DP payload for its bus bytes) -> the prediction check
+  alone, on paper, the wrong derivation named.
 
 Each wrong lab runs through the self-check engine in this process, on the warm 4-rank pool,
 only the checks its mistake can reach (its earlier pieces are the package's stand-ins: a wrong
@@ -52,6 +55,16 @@ CASES = {
             "stage_blocks": ["stage_blocks(4, 2, 0) = [0, 1, 2], expected [0, 1]",
                              "block 2 runs on two stages", "lesson 14, section 5"],
             "pp_dp_numbers": ["hold blocks [[0, 1], [1]]", "exactly one stage"]}),
+    # the prediction alone wrong: graded on paper (no rank starts), beside a check it passes
+    "capstone_prediction_forward_only": (
+        ("predict_traffic", "lr_at"), {
+            "predict_traffic": ["predict_traffic('tp'", "the TP group's bytes",
+                                "count the forward pass only"]}),
+    "capstone_prediction_dp_payload": (
+        ("predict_traffic", "lr_at"), {
+            "predict_traffic": ["predict_traffic('tp'", "the DP group's bytes",
+                                "count the payload (the gradients' bytes) instead of the bus "
+                                "bytes"]}),
 }
 
 
@@ -64,3 +77,4 @@ def test_a_wrong_lab_fails_exactly_its_checks(folder):
 def test_the_wrong_labs_are_all_listed():
     on_disk = {p.name for p in WRONG.glob(f"{LAB}_*") if p.is_dir()}
     assert on_disk == set(CASES), sorted(on_disk ^ set(CASES))
+

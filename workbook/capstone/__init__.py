@@ -22,3 +22,22 @@ the command (``plan_cli``). The formulas of lab ``overlap_math`` are re-derived 
 layer's cost model (``workbook.link.topology``), which is torch-free, so ``workbook plan`` starts
 without importing torch.
 """
+from __future__ import annotations
+
+import importlib
+
+_GIVEN = {  # name -> the module that defines it (the lab's given pieces)
+    **dict.fromkeys(("Mesh", "check_mesh_sizes", "check_rank_lists"), "mesh"),
+    **dict.fromkeys(("SPLanguageModel", "stage_with_blocks"), "capstone_model"),
+    **dict.fromkeys(("TrainSetup", "global_batches", "reference_lr", "train_single_device"),
+                    "capstone_train"),
+    **dict.fromkeys(("Piece", "load_piece", "load_pieces"), "pieces"),
+    **dict.fromkeys(("bus_bytes", "traffic_model"), "capstone_traffic"),
+    **dict.fromkeys(("check_run", "run_training", "run_traced"), "capstone_run"),
+}
+
+
+def __getattr__(name: str):          # PEP 562: ``from workbook.capstone import X``
+    if name not in _GIVEN:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_GIVEN[name]}"), name)

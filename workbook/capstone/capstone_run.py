@@ -64,7 +64,7 @@ def train_steps(kind: str, setup, steps: int) -> dict:
     import torch.distributed as dist
 
     from workbook.capstone.capstone_train import global_batches
-    from workbook.capstone.pieces import load_pieces
+    from workbook.capstone.pieces import load_pieces, own_pieces, stand_in_notes
     from workbook.grading.labs import load_lab
     from workbook.grading.model_checks import rank_error
     rank = dist.get_rank()
@@ -82,7 +82,7 @@ def train_steps(kind: str, setup, steps: int) -> dict:
     except Exception as exc:                          # noqa: BLE001 - judged by the grader
         return {"rank": rank, **rank_error(exc)}
     return {"rank": rank, "losses": losses, "norms": norms, "seen": seen,
-            "notes": [p.note for p in pieces.values() if not p.own]}
+            "notes": stand_in_notes(pieces), "own": own_pieces(pieces)}
 
 
 def traced_step(trace_dir: str, kind: str, setup) -> dict:
@@ -92,9 +92,9 @@ def traced_step(trace_dir: str, kind: str, setup) -> dict:
     import torch.distributed as dist
 
     from workbook import link
-    from workbook.capstone.capstone_traffic import hidden_by_group, op_rows
+    from workbook.capstone.capstone_traffic import hidden_by_group, op_rows, rank_param_bytes
     from workbook.capstone.capstone_train import global_batches
-    from workbook.capstone.pieces import load_pieces
+    from workbook.capstone.pieces import load_pieces, stand_in_notes
     from workbook.grading.labs import load_lab
     from workbook.grading.model_checks import rank_error
     from workbook.measure.calibration import recalibrate
@@ -124,8 +124,8 @@ def traced_step(trace_dir: str, kind: str, setup) -> dict:
     return {"rank": rank, "link": link.current_link().label if modelled else "none",
             "modelled": modelled, "ops": op_rows(records),
             "hidden": hidden_by_group(path, mesh) if modelled else {},
-            "param_bytes": sum(p.numel() * p.element_size() for p in trainer.params),
-            "notes": [p.note for p in pieces.values() if not p.own]}
+            "param_bytes": rank_param_bytes(kind, setup.cfg, mesh.inner, mesh.inner_rank),
+            "notes": stand_in_notes(pieces)}
 
 
 def check_run(kind: str, setup, world_size: int = INNER * DP) -> None:

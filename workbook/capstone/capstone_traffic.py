@@ -90,6 +90,26 @@ def traffic_model(kind: str, cfg, batch: int, inner: int, dp: int, micro_batches
     return model, mistakes
 
 
+def rank_param_bytes(kind: str, cfg, inner: int, inner_rank: int) -> int:
+    """The bytes of the parameters a rank at ``inner_rank`` holds: its TP shard of every
+    parameter (``workbook.model.shard_table``), or its stage's units (the embedding on the first
+    stage, ``n_layers / inner`` blocks, the final norm and the head on the last)."""
+    import math as _math
+
+    from workbook.model import parameter_shapes, shard_table
+    item = cfg.torch_dtype.itemsize
+    if kind == "tp":
+        return item * sum(_math.prod(local) for _, _, local in shard_table(cfg, inner).values())
+    k = cfg.n_layers // inner
+    mine = {f"blocks.{i}." for i in range(inner_rank * k, (inner_rank + 1) * k)}
+    if inner_rank == 0:
+        mine.add("embed.")
+    if inner_rank == inner - 1:
+        mine |= {"norm_f.", "head."}
+    return item * sum(_math.prod(shape) for name, shape in parameter_shapes(cfg).items()
+                      if any(name.startswith(prefix) for prefix in mine))
+
+
 def op_rows(records) -> list[dict]:
     """The link's records as rows ``{"op", "ranks", "bytes", "bus"}`` (barriers left out)."""
     return [{"op": r.op, "ranks": sorted(r.ranks), "bytes": r.size_bytes,

@@ -44,7 +44,7 @@ class TrainSetup:
     eps: float = 1e-8
     max_norm: float = 1.0           # clip to this global gradient norm
     micro_batches: int = 2          # per DP replica, in the pipeline
-    bucket_bytes: int = 16 << 10    # the DP bucket cap: several buckets in this small model
+    bucket_bytes: int = 64 << 10    # the DP bucket cap: a few buckets in this small model
     seed: int = 0                   # which rows of the corpus each step reads
 
     @classmethod

@@ -112,3 +112,26 @@ def load_piece(name: str) -> Piece:
 def load_pieces(*names: str) -> dict[str, Piece]:
     """``{name: Piece}`` for each of ``names``."""
     return {name: load_piece(name) for name in names}
+
+
+def stand_in_notes(pieces: dict) -> list[str]:
+    """One line per earlier lab that did not serve: which of its pieces the package's reference
+    stands in for, and which checks earn nothing ("pp_overlap is unfinished (...): the package's
+    reference stands in for schedule and executor (no points for the PP overlap check)")."""
+    by_lab: dict = {}
+    for p in pieces.values():
+        if not p.own:
+            by_lab.setdefault(p.lab, []).append(p)
+    lines = []
+    for lab, ps in by_lab.items():
+        why = ps[0].note.split(": the package's reference", 1)[0]
+        names = " and ".join(p.name for p in ps)
+        checks = " and ".join(dict.fromkeys(CHECK[p.name] for p in ps))
+        lines.append(f"{why}: the package's reference stands in for {names} (no points for the "
+                     f"{checks} check)")
+    return lines
+
+
+def own_pieces(pieces: dict) -> list[str]:
+    """``["tp_overlap (tp_block)", ...]``: the learner's own pieces in this composition."""
+    return [f"{p.lab} ({p.name})" for p in pieces.values() if p.own]
