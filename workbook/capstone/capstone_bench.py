@@ -113,7 +113,7 @@ def _rank_bench(o: dict, root: str) -> dict:
     from workbook.capstone.capstone_run import PIECES, build_mesh, make_trainer
     from workbook.capstone.capstone_train import global_batches
     from workbook.capstone.capstone_traffic import hidden_by_group
-    from workbook.capstone.pieces import load_pieces
+    from workbook.capstone.pieces import load_pieces, stand_in_notes
     from workbook.grading.labs import load_lab, use_impl
     from workbook.measure.calibration import recalibrate
     from workbook.measure.profiled_step import profiled_step
@@ -126,7 +126,7 @@ def _rank_bench(o: dict, root: str) -> dict:
     for kind in o["kinds"]:
         mesh = build_mesh(lab, kind)
         on = load_pieces(*PIECES[kind])
-        out["notes"] += [p.note for p in on.values() if not p.own]
+        out["notes"] += stand_in_notes(on)
         pieces = {"no_overlap": off_pieces(kind), "overlap": on, "no_comm": on}
         trainers = {v: make_trainer(lab, kind, setup, mesh, pieces[v]) for v in VARIANTS}
         link.set_link(None)
