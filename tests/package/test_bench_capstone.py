@@ -39,6 +39,9 @@ def test_every_configuration_variant_and_field(result):
         for name, row in rows.items():
             assert row["step_ms"] > 0 and row["over_no_comm"] == pytest.approx(
                 row["step_ms"] / r["no_comm_step_ms"]), (kind, name)
+            assert row["exposed_over_no_comm"] == pytest.approx(
+                1 + row["exposed_ms"] / r["no_comm_step_ms"]), (kind, name)
+            assert row["exposed_ms"] >= -1e-6 and (name != "no_comm" or row["exposed_ms"] == 0)
             for group in (kind.upper(), "DP"):
                 if name == "no_comm":              # no link: nothing on it
                     assert row[f"{group}_comm_ms"] == 0 and row[f"{group}_hidden_pct"] is None

@@ -26,7 +26,10 @@ text, fp32. Per configuration, three variants, each its own trainer built from t
 A warm-up step per variant (no link, the fewest rows), then ``--repeats`` profiled steps on the
 simulated ``--link``, recalibrated first, the variants taking turns. Per variant (medians over
 the repeats per rank, then over the ranks): ``step_ms`` the slowest rank's wall time,
-``over_no_comm`` = step / no_comm's step; per group (TP or PP, and DP) ``comm_ms`` and
+``over_no_comm`` = step / no_comm's step; ``exposed_ms`` the slowest rank's link time (every
+group's together) no compute ran beside, rank skew excused, and ``exposed_over_no_comm`` = 1 +
+exposed / no_comm's step (the step's ratio had it computed as fast as no_comm: under load a
+variant's compute is slowed by its turn's neighbours, this figure less so); per group (TP or PP, and DP) ``comm_ms`` and
 ``exposed_ms`` (ranks added; rank skew excused, ``capstone_traffic.hidden_by_group``) and
 ``hidden_pct``; ``loss`` of the first measured step (the variants compute the same step).
 
@@ -117,6 +120,7 @@ def _rank_bench(o: dict, root: str) -> dict:
     from workbook.grading.labs import load_lab, use_impl
     from workbook.measure.calibration import recalibrate
     from workbook.measure.profiled_step import profiled_step
+    from workbook import trace
     from workbook.trace.capture import hardware
     use_impl(o["impl"])                               # the pieces' labs come from it too
     lab, rank = load_lab("capstone"), dist.get_rank()
@@ -141,12 +145,15 @@ def _rank_bench(o: dict, root: str) -> dict:
                 link.set_link(None if v == "no_comm" else lk)
                 loss = []
                 tdir = Path(root) / kind / v / f"step{k}"
-                ms, _, _ = profiled_step(
+                ms, _, t = profiled_step(
                     lambda: loss.append(trainers[v].step(tokens, targets, 1 + k)), tdir, rank,
                     "capstone")
                 hidden = hidden_by_group(str(tdir / f"rank{rank}.trace.json"), mesh) \
                     if v != "no_comm" else {}
-                figures[v].append({"step_ms": ms, "loss": loss[0], "hidden": hidden})
+                ov = trace.overlap(t) if v != "no_comm" else None   # every group's together
+                figures[v].append({"step_ms": ms, "loss": loss[0], "hidden": hidden,
+                                   "exposed_ms": (ov.exposed_comm_us - ov.skew_us) / 1e3 if ov
+                                   else 0.0})
         link.set_link(lk)
         out["kinds"][kind] = {"link_label": lk.label, "link": lk.describe(), "variants": {
             v: _median(f, kind) for v, f in figures.items()}}
@@ -157,7 +164,8 @@ def _rank_bench(o: dict, root: str) -> dict:
 def _median(steps: list[dict], kind: str) -> dict:
     """The median over the repeats of one rank's step ms and per-group link and exposed ms;
     the first repeat's loss."""
-    out = {"step_ms": statistics.median(s["step_ms"] for s in steps), "loss": steps[0]["loss"]}
+    out = {"step_ms": statistics.median(s["step_ms"] for s in steps), "loss": steps[0]["loss"],
+           "exposed_ms": statistics.median(s["exposed_ms"] for s in steps)}
     for group in (kind.upper(), "DP"):
         for key in ("comm_ms", "exposed_ms"):
             out[f"{group}_{key}"] = statistics.median(
@@ -169,7 +177,8 @@ def combine(per_rank: list[dict], kind: str) -> dict:
     """One variant's row over the ranks: the slowest rank's step; per group the link and
     exposed ms added up and the share hidden (``workbook.grading.timing.hidden_pct``)."""
     from workbook.grading.timing import hidden_pct
-    row = {"step_ms": max(r["step_ms"] for r in per_rank), "loss": per_rank[0]["loss"]}
+    row = {"step_ms": max(r["step_ms"] for r in per_rank), "loss": per_rank[0]["loss"],
+           "exposed_ms": max(r["exposed_ms"] for r in per_rank)}
     for group in (kind.upper(), "DP"):
         comm = sum(r[f"{group}_comm_ms"] for r in per_rank)
         exposed = sum(r[f"{group}_exposed_ms"] for r in per_rank)
@@ -238,6 +247,7 @@ def measure(*, impl: str = "solutions", nproc: int = 4, link: str = "dgx-h100", 
         opt = rows["no_comm"]["step_ms"]
         for row in rows.values():
             row["over_no_comm"] = row["step_ms"] / opt
+            row["exposed_over_no_comm"] = 1 + row["exposed_ms"] / opt
         out[kind] = {"link_label": per[0]["link_label"], "link": per[0]["link"],
                      "no_comm_step_ms": opt, "variants": rows}
     try:
@@ -262,7 +272,7 @@ def report(result: dict) -> str:
              f"step(s) a variant, median; lab from {o['impl']}"]
     for kind, r in result["kinds"].items():
         inner = kind.upper()
-        lines += ["", f"{NAMES[kind]}   {'step ms':>9}{'x optimum':>11}"
+        lines += ["", f"{NAMES[kind]}   {'step ms':>9}{'x optimum':>11}{'1+e/o':>7}"
                       f"{inner + ' ms':>9}{'exposed':>9}{'hidden':>8}"
                       f"{'DP ms':>9}{'exposed':>9}{'hidden':>8}"]
         for v in VARIANTS:
@@ -273,10 +283,12 @@ def report(result: dict) -> str:
                           f"{row[f'{g}_comm_ms']:>9.0f}{row[f'{g}_exposed_ms']:>9.0f}"
                           f"{'-' if pct is None else f'{pct:.0f}%':>8}")
             lines.append(f"  {WHAT[v]:<17}{row['step_ms']:>9.0f}{row['over_no_comm']:>10.2f}x"
-                         f"{cells}")
-    lines += ["", "(link ms and exposed: every rank's added; exposed excuses the time a late peer "
-                  "held a transfer up; no communication: the collectives over loopback gloo, "
-                  "no link model)"]
+                         f"{row['exposed_over_no_comm']:>7.2f}{cells}")
+    lines += ["", "(1+e/o: 1 + the slowest rank's exposed link time, every group's together, over "
+                  "the optimum's step: the ratio had the step computed as fast as the optimum's; "
+                  "link ms and exposed per group: every rank's added; exposed excuses the time a "
+                  "late peer held a transfer up; no communication: the collectives over loopback "
+                  "gloo, no link model)"]
     lines += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)
 
