@@ -311,7 +311,8 @@ lesson.plan_rows({"row 1: 8,192 GPUs": ["--seq", "8192", "--nodes", "1024", "--o
 # and what the model leaves out). The same formulas that said how much of your 4-rank step could
 # hide say that at this scale TP's overlap is worth the most: its traffic is the largest, and
 # on the critical path of every layer. Try your own: `workbook plan --model llama3-70b --seq 8192
-# --nodes 64 --search` ranks every split of 512 GPUs that fits in memory.
+# --nodes 64 --global-batch-tokens 4M --efficiency 0.6 --search` ranks every split of 512 GPUs
+# that fits in memory. **Predict** first: will the best keep TP inside a node?
 #
 # ## 11. The lab
 #
