@@ -245,12 +245,12 @@ lesson.traffic_table(traced, mine.predict_traffic, traced_setup)
 # The same traced steps, drawn: a row per rank, compute grey, each group's transfers in its own
 # colour (TP orange and PP green above the row's middle, DP blue below), and a red bar under the
 # row wherever a transfer ran with no compute beside it, the **exposed** part. Beside it, the loss
-# curves of sections 6 and 7. Hover over a bar for its operation, bytes and time; the dropdown
-# draws one configuration larger. `workbook run capstone` draws the same picture from your lab
-# (`capstone_step.html`, beside the traces).
+# curves of sections 6 and 7. Hover over a bar for its operation, bytes and time; drag to zoom.
+# `workbook run capstone` draws the same picture from your lab (`capstone_step.html`, beside the
+# traces).
 
 # %%
-lesson.picture_panel(lesson.assemble(trained, single, traced))
+lesson.picture(lesson.assemble(trained, single, traced))
 
 # %% [markdown]
 # The share of each group's link time that compute hid, every rank's added (a late peer's wait
@@ -310,7 +310,16 @@ lesson.plan_rows({"row 1: 8,192 GPUs": ["--seq", "8192", "--nodes", "1024", "--o
 # within 6 % too (docs/plan-llama3.md gives every row, the settings the paper does not publish,
 # and what the model leaves out). The same formulas that said how much of your 4-rank step could
 # hide say that at this scale TP's overlap is worth the most: its traffic is the largest, and
-# on the critical path of every layer. Try your own: `workbook plan --model llama3-70b --seq 8192
+# on the critical path of every layer. **Predict**, then move the dropdowns: how many virtual
+# stages does the 16 384-GPU run need before its bubble is back to row 1's? Does full
+# recomputation (the whole forward again in the backward) cost more than it saves in memory
+# lets you change?
+
+# %%
+lesson.plan_explorer(efficiency=0.627)
+
+# %% [markdown]
+# Try your own: `workbook plan --model llama3-70b --seq 8192
 # --nodes 64 --global-batch-tokens 4M --efficiency 0.6 --search` ranks every split of 512 GPUs
 # that fits in memory. **Predict** first: will the best keep TP inside a node?
 #

@@ -284,21 +284,12 @@ def traffic_table(traced: list[dict], predict, setup) -> None:
         print(w)
 
 
-def picture_panel(results: list[dict]):
-    """The picture of a whole step (``capstone_report.figure``) under a dropdown: both
-    configurations, or one of them drawn larger."""
-    import ipywidgets as W
-
+def picture(results: list[dict]):
+    """The picture of a whole step (``capstone_report.figure``) from the lesson's runs."""
     from workbook.capstone.capstone_report import figure
-    from workbook.measure.lesson_figures import live_figure
     link = next((r.get("link") for r in results[0]["traced"].values() if r.get("link")), "")
-    choices = [("both configurations", KINDS)] + [(NAMES[k], (k,)) for k in KINDS]
-    show = W.Dropdown(options=choices, value=KINDS, description="show")
-
-    def draw(show):
-        return figure(results, kinds=show, title="One step, 4 ranks as a 2 × 2 mesh — "
-                      + link.replace("simulated", "SIMULATED", 1))
-    return live_figure(draw, {"show": show}, [["show"]])
+    return figure(results, title="One step of each configuration, 4 ranks as a 2 × 2 mesh — "
+                  + link.replace("simulated", "SIMULATED", 1))
 
 
 def hidden_table(traced: list[dict]) -> None:
@@ -355,3 +346,52 @@ def plan_rows(rows: dict, efficiency: float) -> None:
         exposed = " ".join(f"{p.parts[k]:.2f}" for k in ("tp", "pp", "dp"))
         print(f"{name:<28}{m:>4}{bubble_fraction(s.pp, m, s.virtual):>8.1%}{p.step_s:>8.2f}"
               f"{exposed:>24}{p.tflops:>9.0f}{p.mfu:>6.0%}")
+
+
+def plan_explorer(efficiency: float = 0.627):
+    """Llama 3 405B on H100s (``LLAMA3``, 8 192-token sequences) under dropdowns: the GPUs, the
+    virtual stages, the recomputation and the overlaps; the step's parts as one stacked bar
+    (``plan.predict``), TFLOP/s per GPU and memory printed above it."""
+    import argparse
+
+    import ipywidgets as W
+    import plotly.graph_objects as go
+
+    from workbook.capstone.plan import predict
+    from workbook.capstone.plan_cli import add_arguments, build
+    from workbook.measure.lesson_figures import live_figure
+    from workbook.trace import colors
+    parser = argparse.ArgumentParser(prog="workbook plan")
+    add_arguments(parser)
+    controls = {
+        "nodes": W.Dropdown(options=[("4,096 GPUs", 512), ("8,192 GPUs", 1024),
+                                     ("16,384 GPUs", 2048)], value=1024, description="GPUs"),
+        "virtual": W.Dropdown(options=[1, 2, 4, 8], value=4, description="v"),
+        "recompute": W.Dropdown(options=["selective", "full"], value="selective",
+                                description="recompute"),
+        "overlap": W.Dropdown(options=[("every overlap", "tp,pp,dp"), ("TP's off", "pp,dp"),
+                                       ("PP's off", "tp,dp"), ("DP's off", "tp,pp"),
+                                       ("none", "none")], value="tp,pp,dp",
+                              description="overlaps")}
+    tint = {"compute": colors.COMPUTE, "bubble": colors.IDLE, "tp": colors.COMMUNICATION,
+            "pp": colors.MEMCPY, "dp": "#56B4E9"}
+
+    def draw(nodes, virtual, recompute, overlap):
+        options = [*LLAMA3, "--seq", "8192", "--nodes", str(nodes), "--efficiency",
+                   str(efficiency), "--overlap", overlap, "--virtual-stages", str(virtual),
+                   "--recompute", recompute]                     # the last of each wins
+        try:
+            p = predict(*build(parser.parse_args(options)))
+        except ValueError as exc:
+            print(f"workbook plan: {exc}")
+            return None
+        print(f"{p.split.describe()}: step {p.step_s:.2f} s, {p.tflops:.0f} TFLOP/s per GPU, "
+              f"MFU {p.mfu:.0%}; memory per GPU {p.memory.verdict()}")
+        fig = go.Figure([go.Bar(y=["step"], x=[p.parts[k]], name=k if k in ("compute", "bubble")
+                                else f"{k} exposed", orientation="h", marker_color=tint[k])
+                         for k in ("compute", "bubble", "tp", "pp", "dp") if k in p.parts])
+        fig.update_layout(barmode="stack", height=220, xaxis_title="seconds of one step",
+                          plot_bgcolor="white", margin=dict(l=10, r=10, t=30, b=40),
+                          title="Llama 3 405B, 8 192-token sequences, 16M tokens a step")
+        return fig
+    return live_figure(draw, controls, [["nodes", "virtual"], ["recompute", "overlap"]])
