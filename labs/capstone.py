@@ -7,8 +7,8 @@
 #       inner groups, then the DP groups, each a list of lists of ranks.
 #    2. dp_shard (2.5 pts): This DP rank's rows of a global batch `[B, ...]`: `[B / dp_size, ...]`.
 #    3. lr_at (1 pt): The learning rate of a step (counted from 0) of the setup's run.
-#    4. global_grad_norm (1.5 pts): The 2-norm of the whole model's gradient, the same on every
-#       rank (a 0-d tensor).
+#    4. global_grad_norm (1.5 pts): The 2-norm of the whole model's gradient, a 0-d tensor: the
+#       number one device holding the whole model would compute, the same on every rank.
 #    5. clip_gradients (1.5 pts): Scale every gradient by min(1, max_norm / (norm + eps)), the norm
 #       being the whole model's (the function above) and eps the constant at the top of this file,
 #       as torch's clip_grad_norm_ does on one device; returns the norm before clipping.
@@ -111,14 +111,13 @@ def lr_at(step: int, setup: TrainSetup) -> float:
 
 # --------------------------------------------------------------------------- 4. clipping
 def global_grad_norm(params: list, mesh: Mesh) -> torch.Tensor:
-    """The 2-norm of the whole model's gradient, the same on every rank (a 0-d tensor).
+    """The 2-norm of the whole model's gradient, a 0-d tensor: the number one device holding
+    the whole model would compute, the same on every rank.
 
-    Lesson 14, section 3 ("Clipping and the schedule"). ``params``: this rank's parameters
-    (with gradients, already averaged over the DP group and, for the sequence-parallel tagged
-    ones, summed over the TP group). Contract: a parameter tagged ``sequence_parallel`` is
-    replicated over the inner group and counts once; every other parameter is this rank's
-    shard (TP) or this stage's own (PP), so their squares add up over the inner group. One
-    collective, on ``mesh.inner_group``, named."""
+    Lesson 14, section 3 ("Clipping and the schedule"). ``params``: this rank's parameters, their
+    gradients already averaged over the DP group and, for those tagged ``sequence_parallel``,
+    summed over the inner group. Contract: exact (fp64: to rounding) on a TP mesh and on a PP
+    mesh; one collective, on a group you name (this runs outside any ``as_world``)."""
     raise NotImplementedError("not implemented yet: capstone.global_grad_norm")
 
 
@@ -245,25 +244,13 @@ def predict_traffic(kind: str, cfg, batch: int, inner: int, dp: int, micro_batch
     Lesson 14, section 8 ("Predict the traffic, then read it"). The rank is at the given
     position of its inner group (its TP rank, or its stage); the model configuration gives the
     width, the sequence length, the layers and the element type; the batch is the global
-    batch's rows; the parameter bytes are this rank's. Count what a rank
-    *sends* on the wire, the way a ring moves it (the bus bytes of lesson 3): an all-gather or
-    a reduce-scatter of ``n`` shards sends ``n - 1`` of them, an all-reduce of ``X`` bytes
-    ``2 (n - 1) / n * X``, a point-to-point send its tensor. Count the activations' and the
-    gradients' traffic only, not the scalars and the small all-reduces of the loss and the
-    sequence-parallel norms:
-
-    * TP (sequence parallel, your ``OverlapBlock`` with ``Overlap()``): per sublayer, forward
-      an all-gather into the column GEMM and a reduce-scatter out of the row GEMM, backward an
-      all-gather of the row GEMM's output gradient, the column GEMM's input gathered again
-      and its input gradient reduce-scattered, each a shard [B/dp, S/n, H]; the embedding
-      (a reduce-scatter forward, its all-gather backward) and the head (an all-gather forward,
-      its reduce-scatter backward) too;
-    * PP: each of the m micro-batches' activations [B/dp/m, S, H] to the next stage, and
-      each of their gradients to the previous stage;
-    * DP: the all-reduce of the gradients, every parameter once.
-
-    The grader compares it with the package's model on several meshes, and the model with your
-    own trace."""
+    batch's rows; the parameter bytes are this rank's. Count what a rank *sends* on the wire,
+    the way a ring moves it (the bus bytes of lesson 3), for the activations and the gradients
+    that your own pieces move as the trainers above run them: your ``OverlapBlock`` under
+    ``Overlap()`` with the model's embedding and head (TP), your 1F1B executor (PP), your
+    buckets (DP). Leave out the scalars and the small all-reduces of the loss and of the
+    sequence-parallel norms. The grader compares your figures with the package's model on
+    several meshes, and the model with your own trace."""
     raise NotImplementedError("not implemented yet: capstone.predict_traffic")
 
 

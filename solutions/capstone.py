@@ -114,14 +114,13 @@ def lr_at(step: int, setup: TrainSetup) -> float:
 
 # --------------------------------------------------------------------------- 4. clipping
 def global_grad_norm(params: list, mesh: Mesh) -> torch.Tensor:
-    """The 2-norm of the whole model's gradient, the same on every rank (a 0-d tensor).
+    """The 2-norm of the whole model's gradient, a 0-d tensor: the number one device holding
+    the whole model would compute, the same on every rank.
 
-    Lesson 14, section 3 ("Clipping and the schedule"). ``params``: this rank's parameters
-    (with gradients, already averaged over the DP group and, for the sequence-parallel tagged
-    ones, summed over the TP group). Contract: a parameter tagged ``sequence_parallel`` is
-    replicated over the inner group and counts once; every other parameter is this rank's
-    shard (TP) or this stage's own (PP), so their squares add up over the inner group. One
-    collective, on ``mesh.inner_group``, named."""
+    Lesson 14, section 3 ("Clipping and the schedule"). ``params``: this rank's parameters, their
+    gradients already averaged over the DP group and, for those tagged ``sequence_parallel``,
+    summed over the inner group. Contract: exact (fp64: to rounding) on a TP mesh and on a PP
+    mesh; one collective, on a group you name (this runs outside any ``as_world``)."""
     ### BEGIN SOLUTION
     ### hint 1: the norm squared is a sum over every element of the whole model; each rank holds part of it (lesson 14, section 3, "Clipping and the schedule").
     ### hint 2: add up this rank's squares in two sums, the shards' and the replicated (tagged) ones'; sum the shards' over the inner group (name the group: this runs outside any as_world); add the replicated once; take the square root.
@@ -387,25 +386,13 @@ def predict_traffic(kind: str, cfg, batch: int, inner: int, dp: int, micro_batch
     Lesson 14, section 8 ("Predict the traffic, then read it"). The rank is at the given
     position of its inner group (its TP rank, or its stage); the model configuration gives the
     width, the sequence length, the layers and the element type; the batch is the global
-    batch's rows; the parameter bytes are this rank's. Count what a rank
-    *sends* on the wire, the way a ring moves it (the bus bytes of lesson 3): an all-gather or
-    a reduce-scatter of ``n`` shards sends ``n - 1`` of them, an all-reduce of ``X`` bytes
-    ``2 (n - 1) / n * X``, a point-to-point send its tensor. Count the activations' and the
-    gradients' traffic only, not the scalars and the small all-reduces of the loss and the
-    sequence-parallel norms:
-
-    * TP (sequence parallel, your ``OverlapBlock`` with ``Overlap()``): per sublayer, forward
-      an all-gather into the column GEMM and a reduce-scatter out of the row GEMM, backward an
-      all-gather of the row GEMM's output gradient, the column GEMM's input gathered again
-      and its input gradient reduce-scattered, each a shard [B/dp, S/n, H]; the embedding
-      (a reduce-scatter forward, its all-gather backward) and the head (an all-gather forward,
-      its reduce-scatter backward) too;
-    * PP: each of the m micro-batches' activations [B/dp/m, S, H] to the next stage, and
-      each of their gradients to the previous stage;
-    * DP: the all-reduce of the gradients, every parameter once.
-
-    The grader compares it with the package's model on several meshes, and the model with your
-    own trace."""
+    batch's rows; the parameter bytes are this rank's. Count what a rank *sends* on the wire,
+    the way a ring moves it (the bus bytes of lesson 3), for the activations and the gradients
+    that your own pieces move as the trainers above run them: your ``OverlapBlock`` under
+    ``Overlap()`` with the model's embedding and head (TP), your 1F1B executor (PP), your
+    buckets (DP). Leave out the scalars and the small all-reduces of the loss and of the
+    sequence-parallel norms. The grader compares your figures with the package's model on
+    several meshes, and the model with your own trace."""
     ### BEGIN SOLUTION
     ### hint 1: three kinds of traffic, each a count of messages times their size: the TP shards per sublayer, the PP activations per micro-batch, the DP ring all-reduce of the gradients (lesson 14, section 8, "Predict the traffic, then read it"; lesson 3 for bus bytes).
     ### hint 2: item = element size; b = batch / dp. TP: 2 sublayers x 5 collectives per layer, plus 4 at the ends, each sending (n - 1) shards of b x S/n x H; PP: b x S x H per direction the stage sends in (forward unless last, backward unless first); DP: 2 (dp - 1) / dp x param_bytes.
