@@ -105,8 +105,10 @@ lesson.batch_rows(tokens, tok)
 #
 # the sharded squares summed over the inner group, the replicated ones counted once; the DP
 # group adds nothing (after the DP average every replica holds the same gradient). Every rank
-# must get the same number, or the replicas drift apart. On paper, a column-split linear (two TP
-# shards) and a replicated LayerNorm weight:
+# must get the same number, or the replicas drift apart. Which parameters of the capstone's model
+# are replicated? The given model tags them (`workbook/capstone/capstone_model.py`); section 4's
+# first run on ranks lists them. On paper first, a column-split linear (two TP shards) and a
+# replicated LayerNorm weight:
 
 # %%
 lesson.clip_on_paper()
@@ -135,10 +137,15 @@ lesson.lr_figure(mine.lr_at, setup)
 # %%
 as_world = on_ranks(lesson.as_world_demo, RANKS, timeout=120)
 lesson.as_world_table(as_world)
+print()
+lesson.parameter_table(as_world[0]["params"])
 
 # %% [markdown]
 # Inside the scope, a call without `group=` sums over the TP pair (0 + 1 = 1, 2 + 3 = 5); one
-# that names the DP group sums over the DP pair (0 + 2 = 2, 1 + 3 = 4). Now the catch. In TP ×
+# that names the DP group sums over the DP pair (0 + 2 = 2, 1 + 3 = 4). Below the table, the
+# capstone's model as TP rank 0 holds it, built inside `as_world`: a parameter whose shape is
+# the whole one on both TP ranks and that carries the tag is replicated (section 3 counts it
+# once); every other one is this rank's shard. Now the catch. In TP ×
 # DP the whole forward and backward run inside `as_world(tp_group)`, because the sequence-parallel
 # block's collectives are TP's. Your DP hooks fire **during that backward**. A hook that calls
 # `dist.all_reduce(bucket, async_op=True)` as lesson 9's did, with no group, averages the
@@ -231,11 +238,17 @@ lesson.prediction_before(mine.predict_traffic, traced_setup)
 # %%
 traced = on_ranks(lesson.trace_both, RANKS, str(runs), IMPL, link="dgx-h100", timeout=300)
 lesson.traffic_table(traced, mine.predict_traffic, traced_setup)
+print()
+lesson.ops_table(traced)
 
 # %% [markdown]
 # "The model" is the package's count, the one the grader holds your prediction to; "measured"
 # adds up the bus bytes of the trace's link spans on rank 0, group by group. Where your figure is
-# off, the line under the table names the known wrong derivation it matches. **Think it
+# off, the line under the table names the known wrong derivation it matches. The second table is
+# what the link carried, operation by operation: reconcile your count with it (the ring
+# exchange's sends are the forward's all-gathers and reduce-scatters, one shard a ring step; the
+# all-reduces are the loss, the clipping norm and the sum of the replicated, tagged gradients,
+# which the count leaves out). **Think it
 # through**: TP sends several times DP's bytes here, for a model of only 2 blocks. Which
 # term grows with the tokens, and which with the parameters? At what batch would DP's bytes
 # catch up?

@@ -146,8 +146,31 @@ def as_world_demo() -> dict:
         plain, named = torch.tensor([float(rank)]), torch.tensor([float(rank)])
         dist.all_reduce(plain)                            # no group: the TP group, as the world
         dist.all_reduce(named, group=mesh.dp_group)       # named: the DP group
+        params = model_parameters() if rank == 0 else None
     return {"rank": rank, "seen": seen, "plain": float(plain), "named": float(named),
-            "tp": mesh.inner_ranks, "dp": mesh.dp_ranks}
+            "tp": mesh.inner_ranks, "dp": mesh.dp_ranks, "params": params}
+
+
+def model_parameters() -> list:
+    """Inside a TP group seen as the world: the capstone's given ``SPLanguageModel`` (lesson
+    14's setup, the package's plain block), each parameter's name, this rank's shape and
+    whether it carries the ``sequence_parallel`` tag."""
+    from workbook.capstone.capstone_model import SPLanguageModel
+    from workbook.capstone.capstone_standins import plain_sp_block
+    from workbook.capstone.capstone_train import TrainSetup
+    model = SPLanguageModel(TrainSetup().cfg, plain_sp_block)
+    return [(name, list(p.shape), bool(getattr(p, "sequence_parallel", False)))
+            for name, p in model.named_parameters()]
+
+
+def parameter_table(params: list) -> None:
+    """The model's parameters on TP rank 0: shape and tag (given by the package)."""
+    print(f"{'parameter (TP rank 0 of 2)':<30}{'shape here':>12}  tagged sequence_parallel")
+    for name, shape, tagged in params:
+        if name.startswith("blocks.") and not name.startswith("blocks.0."):
+            continue                                   # every block as block 0
+        print(f"{name:<30}{str(shape):>12}  {'yes' if tagged else ''}")
+    print("(blocks.1, ... as blocks.0)")
 
 
 def as_world_table(results: list[dict]) -> None:
@@ -290,6 +313,25 @@ def picture(results: list[dict]):
     link = next((r.get("link") for r in results[0]["traced"].values() if r.get("link")), "")
     return figure(results, title="One step of each configuration, 4 ranks as a 2 × 2 mesh — "
                   + link.replace("simulated", "SIMULATED", 1))
+
+
+def ops_table(traced: list[dict]) -> None:
+    """What rank 0's link carried in each configuration's traced step: per group and operation,
+    how many and their bus bytes (MB; the scalars' all-reduces among them)."""
+    from workbook.capstone.capstone_report import groups_of
+    for kind in KINDS:
+        res = traced[0][kind]
+        if "ops" not in res:
+            continue
+        group_of, counts = groups_of(kind), {}
+        for op in res["ops"]:
+            key = (group_of(op["ranks"]), op["op"], op["bytes"])
+            n, bus = counts.get(key, (0, 0.0))
+            counts[key] = (n + 1, bus + op["bus"])
+        print(f"{NAMES[kind]}, rank 0: {'group':>6}{'operation':>16}{'bytes each':>12}"
+              f"{'count':>7}{'bus MB':>9}")
+        for (group, op, size), (n, bus) in sorted(counts.items()):
+            print(f"{'':<18}{group:>6}{op:>16}{size:>12,}{n:>7}{bus / 1e6:>9.2f}")
 
 
 def hidden_table(traced: list[dict]) -> None:
