@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from workbook.capstone import capstone_lesson as lesson
+from workbook.capstone import capstone_lesson_ranks as ranks
 from workbook.capstone.capstone_train import TrainSetup, global_batches
 from workbook.grading.labs import load_lab
 from workbook.lessons import check_your_work, on_ranks, yours_reference_or_recorded
@@ -135,10 +136,10 @@ lesson.lr_figure(mine.lr_at, setup)
 # give, once with no group and once naming the DP group? **Predict** the last two columns first.
 
 # %%
-as_world = on_ranks(lesson.as_world_demo, RANKS, timeout=120)
-lesson.as_world_table(as_world)
+as_world = on_ranks(ranks.as_world_demo, RANKS, timeout=120)
+ranks.as_world_table(as_world)
 print()
-lesson.parameter_table(as_world[0]["params"])
+ranks.parameter_table(as_world[0]["params"])
 
 # %% [markdown]
 # Inside the scope, a call without `group=` sums over the TP pair (0 + 1 = 1, 2 + 3 = 5); one
@@ -191,9 +192,9 @@ for stage in range(2):
 # %%
 IMPL = "labs" if SHOWN == "yours" else "solutions"
 print("the runs below use", "your lab" if IMPL == "labs" else "the REFERENCE solutions/capstone.py")
-trained = on_ranks(lesson.train_both, RANKS, IMPL, timeout=300)
+trained = on_ranks(ranks.train_both, RANKS, IMPL, timeout=300)
 single = trained[0]["single"]                   # rank 0 trained one device's run too
-lesson.loss_table(trained, single)
+ranks.loss_table(trained, single)
 
 # %% [markdown]
 # ## 7. PP × DP: one step
@@ -207,7 +208,7 @@ lesson.loss_table(trained, single)
 # configurations, every step, against one device (the previous cell trained both):
 
 # %%
-lesson.loss_figure(trained, single)
+ranks.loss_figure(trained, single)
 
 # %% [markdown]
 # The markers sit on the grey line to the last digit printed: in float64 the three runs agree to
@@ -229,17 +230,17 @@ lesson.loss_figure(trained, single)
 
 # %%
 traced_setup = TrainSetup.for_overlap()
-lesson.prediction_before(mine.predict_traffic, traced_setup)
+ranks.prediction_before(mine.predict_traffic, traced_setup)
 
 # %% [markdown]
 # Each rank warms up on a small step with no link, then runs one step in the profiler; the link
 # logs every operation with the global ranks it ran on, so each one's group is known.
 
 # %%
-traced = on_ranks(lesson.trace_both, RANKS, str(runs), IMPL, link="dgx-h100", timeout=300)
-lesson.traffic_table(traced, mine.predict_traffic, traced_setup)
+traced = on_ranks(ranks.trace_both, RANKS, str(runs), IMPL, link="dgx-h100", timeout=300)
+ranks.traffic_table(traced, mine.predict_traffic, traced_setup)
 print()
-lesson.ops_table(traced)
+ranks.ops_table(traced)
 
 # %% [markdown]
 # "The model" is the package's count, the one the grader holds your prediction to; "measured"
@@ -263,14 +264,14 @@ lesson.ops_table(traced)
 # traces).
 
 # %%
-lesson.picture(lesson.assemble(trained, single, traced))
+ranks.picture(ranks.assemble(trained, single, traced))
 
 # %% [markdown]
 # The share of each group's link time that compute hid, every rank's added (a late peer's wait
 # excused, as the grader counts it, `workbook/grading/timing.py`):
 
 # %%
-lesson.hidden_table(traced)
+ranks.hidden_table(traced)
 
 # %% [markdown]
 # Read the TP × DP rows first. The TP transfers are short and many, one per GEMM's ring step,
