@@ -108,7 +108,9 @@ lesson.batch_rows(tokens, tok)
 # group adds nothing (after the DP average every replica holds the same gradient). Every rank
 # must get the same number, or the replicas drift apart. Which parameters of the capstone's model
 # are replicated? The given model tags them (`workbook/capstone/capstone_model.py`); section 4's
-# first run on ranks lists them. On paper first, a column-split linear (two TP shards) and a
+# first run on ranks lists them. On a PP mesh nothing is replicated between the stages (the
+# embedding and the head are separate matrices here, not tied), so each stage's squares are
+# its own. On paper first, a column-split linear (two TP shards) and a
 # replicated LayerNorm weight:
 
 # %%
@@ -180,8 +182,9 @@ for stage in range(2):
 # 3. forward and backward inside `as_world(tp_group)`: your `OverlapBlock` (lab `tp_overlap`: the
 #    ring exchange forward, the bulk overlap backward) sees the TP pair as the world; each DP
 #    bucket's all-reduce starts, on the DP group, as its gradients arrive;
-# 4. `finish()` the DP sync; sum the sequence-parallel (replicated) gradients over the TP group
-#    (given, `sync_sequence_parallel_grads`: after the DP average, which it would double);
+# 4. `finish()` the DP sync; then sum the replicated (tagged) gradients over the TP group (the
+#    given `sync_sequence_parallel_grads`): `finish()` writes the averaged buckets back into the
+#    gradients, which would undo a sum made before it;
 # 5. clip by the global norm (section 3), set the step's learning rate, Adam;
 # 6. the loss: each replica's mean over its shard, averaged over the DP group.
 #
@@ -227,6 +230,17 @@ ranks.loss_figure(trained, single)
 # $[B/dp, S/n, H]$ shards (how many per layer, forward and backward, and at the two ends of the
 # model?), PP's activations and gradients between the stages, DP's all-reduce of the rank's
 # gradients. Counting only the activations' and gradients' traffic, not the scalars.
+#
+# What each piece sends, in the order it runs. The embedding's output leaves as a reduce-scatter
+# into sequence shards, and the head gathers the shards back; each has its conjugate in the
+# backward. Inside a block, each sublayer opens with a column-parallel GEMM that needs the whole
+# sequence (gathered) and closes with a row-parallel GEMM whose partial sums are reduce-scattered
+# back into shards; the backward runs the conjugate of each (lesson 5) and one more: the column
+# GEMM's weight gradient needs its input whole again, and sequence parallelism kept only the
+# shard (Megatron gathers it again rather than store it). Your ring exchange moves the same shards
+# as the collectives it replaces, one per ring step (lesson 8). In PP, each micro-batch's
+# activation crosses the stage boundary forward and its gradient backward (lesson 10). In DP, one
+# ring all-reduce of every gradient byte, however the buckets cut them (lesson 9).
 
 # %%
 traced_setup = TrainSetup.for_overlap()
