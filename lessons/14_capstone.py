@@ -296,8 +296,8 @@ ranks.hidden_table(traced)
 # the stages' sends hide behind the next micro-batch's compute in the steady state only
 # (lesson 10), and the first stage idles while the pipeline fills.
 #
-# **Think it through**: the grader asks that most of the TP and the DP traffic be hidden, and
-# only some of the PP traffic. Why can a 2-stage pipeline with 2 micro-batches hide so little?
+# **Think it through**: the grader asks for a share of the TP and of the DP traffic to be hidden,
+# and only reports the PP traffic's. Why can a 2-stage pipeline with 2 micro-batches hide so little?
 # And why would a DP all-reduce hide better with more tokens per replica, and TP's not at all
 # (section 8's terms)? `workbook bench capstone` times each step with its overlaps off and on
 # against the same step with no link at all (docs/bench-capstone.md).
