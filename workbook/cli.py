@@ -17,6 +17,7 @@
     workbook bench cp_ring                ring attention's K/V exchange hidden, contiguous vs zig-zag, S sweep
     workbook bench pp_schedules           1F1B, interleaved, ZB-H1, ZBV vs no communication, beside the formulas
     workbook bench ep_overlap             MoE all-to-all hidden (shared expert, two micro-batches, deferred wgrad), 1 and 2 nodes
+    workbook bench capstone               TP x DP and PP x DP steps, overlaps off and on, vs no communication
     workbook plan --model M --seq S ...   predict a TP/CP/PP/DP split's step, TFLOP/s, MFU (--search ranks)
 """
 from __future__ import annotations
@@ -435,6 +436,8 @@ MODEL_BENCHES = {
     "ep_overlap": ("ep_overlap", "an MoE layer's all-to-all hidden behind the shared expert, a "
                    "second micro-batch and deferred weight gradients vs no overlap and the "
                    "no-communication step, on one node and across two."),
+    "capstone": ("capstone", "the capstone's TP x DP and PP x DP training steps on a 2 x 2 "
+                 "mesh with their overlaps off and on vs the no-communication optimum."),
 }
 
 

@@ -216,10 +216,12 @@ TARGETS = {
     "ep_overlap": "an MoE layer's all-to-all hidden (shared expert, two micro-batches, deferred "
                   "wgrad) vs no communication, 1 and 2 nodes (own options: workbook bench "
                   "ep_overlap --help)",
+    "capstone": "the capstone's TP x DP and PP x DP steps, overlaps off and on, vs no "
+                "communication (own options: workbook bench capstone --help)",
 }
 DOMINO = "domino"
 OWN_OPTIONS = (DOMINO, "tp_overlap", "dp_overlap", "pp_overlap", "cp_ring", "pp_schedules",
-               "ep_overlap")   # routed by cli.main, as domino is
+               "ep_overlap", "capstone")   # routed by cli.main, as domino is
 
 
 def _targets_epilog() -> str:
