@@ -23,10 +23,9 @@ functions here (``train_losses``, ``traced_picture``).
 """
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
 from pathlib import Path
 
+from workbook.capstone.capstone_run import implementation
 from workbook.capstone.capstone_figures import (KINDS, NAMES, WORLD_SIZE, figure, groups_of,
                                                hidden_rows, loss_gap, sent_by_group, step_spans)
 
@@ -35,24 +34,6 @@ PICTURE = "capstone_step.html"
 
 
 # --------------------------------------------------------------------------- on a rank
-@contextmanager
-def implementation(impl: str | None):
-    """On a rank: load the lab (and the earlier labs it composes) from ``impl`` (``labs``,
-    ``solutions`` or a folder; None: as it is) inside the block, the rank's choice restored
-    after (a warm rank serves later runs too)."""
-    from workbook.grading.labs import ENV_IMPL, use_impl
-    saved = os.environ.get(ENV_IMPL)
-    if impl is not None:
-        use_impl(impl)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(ENV_IMPL, None)
-        else:
-            os.environ[ENV_IMPL] = saved
-
-
 def train_losses(kind: str, setup=None, steps: int | None = None, impl: str | None = None) -> dict:
     """On every rank: ``capstone_run.train_steps`` with no link model (the run's numbers do not
     depend on time), the link given back afterwards."""

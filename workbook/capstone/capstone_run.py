@@ -25,6 +25,7 @@ the warm rank pool of ``workbook.runtime.launch.run``.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 INNER, DP = 2, 2                  # the capstone's 2 x 2 mesh
 LAB = "capstone"
@@ -128,6 +129,31 @@ def traced_step(trace_dir: str, kind: str, setup) -> dict:
             "notes": stand_in_notes(pieces)}
 
 
+@contextmanager
+def implementation(impl: str | None):
+    """On a rank: load the lab (and the earlier labs it composes) from ``impl`` (``labs``,
+    ``solutions`` or a folder; None: as it is) inside the block, the rank's choice restored
+    after (a warm rank serves later runs too)."""
+    from workbook.grading.labs import ENV_IMPL, use_impl
+    saved = os.environ.get(ENV_IMPL)
+    if impl is not None:
+        use_impl(impl)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_IMPL, None)
+        else:
+            os.environ[ENV_IMPL] = saved
+
+
+def _on_impl(impl: str | None, fn, *args, **kwargs):
+    """On a rank: ``fn`` with the implementation ``impl`` loaded (a warm rank keeps the
+    environment it started with, so the choice travels with the task, not the environment)."""
+    with implementation(impl):
+        return fn(*args, **kwargs)
+
+
 def check_run(kind: str, setup, world_size: int = INNER * DP) -> None:
     """One-line ``ValueError`` unless ``kind`` x ``setup`` runs on the capstone's mesh of
     ``world_size`` ranks (the mesh's sizes, then the setup's: ``TrainSetup.check``)."""
@@ -144,14 +170,11 @@ def run_training(kind: str, setup=None, steps: int | None = None, impl: str | No
     """``train_steps`` on the 2 x 2 mesh (``impl``: ``labs``, ``solutions`` or a folder; None:
     the current one); every rank's ``{"losses", "norms", ...}``."""
     from workbook.capstone.capstone_train import TrainSetup
-    from workbook.grading.labs import use_impl
     from workbook.runtime.launch import run
     setup = setup or TrainSetup()
     check_run(kind, setup)
-    if impl is not None:
-        use_impl(impl)
-    return run(train_steps, INNER * DP, kind, setup, steps or setup.steps, timeout=timeout,
-               pool=True)
+    return run(_on_impl, INNER * DP, impl, train_steps, kind, setup, steps or setup.steps,
+               timeout=timeout, pool=True)
 
 
 def run_traced(kind: str, trace_dir: str, setup=None, link: str = "dgx-h100",
@@ -159,11 +182,8 @@ def run_traced(kind: str, trace_dir: str, setup=None, link: str = "dgx-h100",
     """``traced_step`` on the 2 x 2 mesh over the simulated ``link`` (default setup:
     ``TrainSetup.for_overlap()``); the traces in ``trace_dir``, one file per rank."""
     from workbook.capstone.capstone_train import TrainSetup
-    from workbook.grading.labs import use_impl
     from workbook.runtime.launch import run
     setup = setup or TrainSetup.for_overlap()
     check_run(kind, setup)
-    if impl is not None:
-        use_impl(impl)
-    return run(traced_step, INNER * DP, str(trace_dir), kind, setup, link=link,
+    return run(_on_impl, INNER * DP, impl, traced_step, str(trace_dir), kind, setup, link=link,
                timeout=timeout, pool=True)
