@@ -1,8 +1,15 @@
 """Grading a deliberately wrong lab the way a course's CI would, and checking what it failed.
 
-Shared by the ``test_*_wrong_caught.py`` modules: each folder of tests/grading/wrong/ is graded in
-a pytest subprocess (``--impl tests/grading/wrong/X``), its JUnit XML read back, and the test
-checks that exactly the expected grading tests failed, each with a message that teaches.
+Shared by the ``test_*_wrong_caught.py`` modules: each folder of tests/grading/wrong/ is graded
+(in this process on the warm rank pools, ``grade_in_process``; or in a pytest subprocess,
+``grade``, as a course's CI would) and the test checks that exactly the expected grading tests
+failed, each with a message that teaches.
+
+A folder is graded on the checks it must fail (``grade_where_caught``, ``checks_caught_by``),
+not on every check of its lab: a full grading fails exactly those, so the others pass, at the
+cost of an overlap run or a traced step each. ``WORKBOOK_WRONG_LABS_ALL_CHECKS=1`` grades every
+check again, with no rank cap, and the same assertions then prove that the selection hides no
+catch (docs/test-suite.md, "Each lab's budget").
 """
 from __future__ import annotations
 
