@@ -3,6 +3,7 @@
     python tests/bench/suite_time.py                 # run the suite clocked, serially, then report
     python tests/bench/suite_time.py --table FILE    # report a recorded clock file, run nothing
     python tests/bench/suite_time.py -- -k domino    # pass pytest arguments after ``--``
+    python tests/bench/suite_time.py --table FILE --lab domino   # and domino's share by module
 
 With no ``--table``, it runs the package tests serially (one pytest process: each test's time
 alone, the figure each lab's budget is stated in), then the two grading stages, all clocked.
@@ -19,7 +20,8 @@ same folder. This script prints, from those lines:
 * the **slowest tests** (none may exceed 60 s: ``docs/test-suite.md``);
 * each **lab's share** of the suite against its budget of ``LAB_BUDGET_S`` (90 s): its package
   tests (wrong fixtures, prediction, bench and lesson tests), its notebook and browser runs, and
-  its grader on the solutions and on the stubs.
+  its grader on the solutions and on the stubs; with ``--lab LAB``, that share by stage and
+  module, wall and CPU seconds (CPU time is the steadier figure on a shared machine).
 
 It is a benchmark, not a test: it prints figures and exits 0 whatever they are, unless
 ``--check-budget`` is given (then 1 when a lab is over budget or a test over 60 s).
@@ -88,7 +90,7 @@ def load(paths: list[Path]) -> list[dict]:
     return rows
 
 
-def report(rows: list[dict], top: int = 25, out=sys.stdout) -> dict:
+def report(rows: list[dict], top: int = 25, out=sys.stdout, labs=()) -> dict:
     tests = [r for r in rows if r.get("stage", "package") == "package"]
     stage_rows = [r for r in rows if r.get("stage", "package") != "package"]
     p = lambda *a: print(*a, file=out)                      # noqa: E731
@@ -143,6 +145,16 @@ def report(rows: list[dict], top: int = 25, out=sys.stdout) -> dict:
           f"{sh.get('solutions', 0):7.1f} {sh.get('stubs', 0):7.1f} {t:7.1f}{flag}")
     shared = sum(r["wall"] for r in tests if lab_of(r["test"]) is None)
     p(f"{'(shared)':16} {shared:7.1f}   tests of the package itself, no lab's")
+    for lab in labs or ():                                  # --lab: where a lab's share goes
+        p(f"\n{lab}'s share by stage and module (wall s, cpu s)")
+        parts: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for r in rows:
+            if lab_of(r["test"]) == lab:
+                part = parts[(r.get("stage", "package"), r["test"].split("::")[0])]
+                part[0] += r["wall"]
+                part[1] += r.get("cpu", 0.0)
+        for (stage, module), (wall, cpu) in sorted(parts.items(), key=lambda kv: -kv[1][0]):
+            p(f"  {wall:7.1f} {cpu:7.1f}  {stage:9} {module}")
     return {"over_budget": over,
             "over_limit": [r["test"] for r in tests if r["wall"] > TEST_LIMIT_S]}
 
@@ -152,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table", nargs="+", type=Path, help="report these clock files, run nothing")
     ap.add_argument("--record", type=Path, help="clock file to write (default: runs/test-times/)")
     ap.add_argument("--top", type=int, default=25, help="how many slowest tests to list")
+    ap.add_argument("--lab", action="append", choices=LABS, metavar="LAB",
+                    help="also list this lab's share by stage and module (repeat for several)")
     ap.add_argument("--check-budget", action="store_true",
                     help="exit 1 when a lab is over its budget or a test over the limit")
     ap.add_argument("--no-grading", action="store_true",
@@ -188,7 +202,7 @@ def main(argv=None) -> int:
         print("\n" + "; ".join(f"{k} {v:.0f} s" for k, v in took.items())
               + f" (run one after the other); clock file: {record}")
         paths = [record]
-    result = report(load(paths), top=args.top)
+    result = report(load(paths), top=args.top, labs=args.lab or ())
     if args.check_budget and (result["over_budget"] or result["over_limit"]):
         return 1
     return 0

@@ -53,6 +53,7 @@ from workbook.grading.engine import graded_size, on_ranks, simulated_link, world
 from workbook.grading.model_checks import raise_if_failed, randn, rank_error, ranks_label, to_cpu
 from workbook.grading.overlap_run import profile_lab_step
 from workbook.grading.trace_checks import OverlapCheck, trace_root_fixture
+from workbook.grading.traffic_link import untimed_link
 
 LAB = "cp_ring"                # the lab graded (load_lab, traces, seeds)
 TIMEOUT_S = 120.0             # one run on ranks (the overlap run: ~3 s on a busy 2-core machine)
@@ -618,20 +619,21 @@ def _run_traffic(trace_dir: str) -> dict:
     g = torch.Generator().manual_seed(rank)
     q, k, v, do = (torch.randn(c["B"], c["h"], c["S"] // n, c["d"], generator=g).to(dev)
                    for _ in range(4))
-    try:
-        for traced in (False, True):
-            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-            dist.barrier()
-            if not traced:
-                lab.ring_attention(qq, kk, vv, layout).backward(do)
-                continue
-            with rank_trace(trace_dir, lab=LAB):
-                with torch.profiler.record_function("forward"):
-                    y = lab.ring_attention(qq, kk, vv, layout)
-                with torch.profiler.record_function("backward"):
-                    y.backward(do)
-    except Exception as exc:                         # noqa: BLE001 - graded by the traffic test
-        return rank_error(exc)
+    with untimed_link():          # counted, not timed: no slow-motion transfers
+        try:
+            for traced in (False, True):
+                qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+                dist.barrier()
+                if not traced:
+                    lab.ring_attention(qq, kk, vv, layout).backward(do)
+                    continue
+                with rank_trace(trace_dir, lab=LAB):
+                    with torch.profiler.record_function("forward"):
+                        y = lab.ring_attention(qq, kk, vv, layout)
+                    with torch.profiler.record_function("backward"):
+                        y.backward(do)
+        except Exception as exc:                         # noqa: BLE001 - graded by the traffic test
+            return rank_error(exc)
     t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
     return {"phases": {p: trace.collectives(t, within=p) for p in ("forward", "backward")},
             "hop_bytes": 2 * q.numel() * q.element_size()}

@@ -339,6 +339,13 @@ def _overlap(trace_dir: str) -> dict:
     from workbook.trace.capture import rank_trace
     lab = _lab()
     rank, world = dist.get_rank(), dist.get_world_size()
+    # the same step on a stack of hidden size 64 first: an answer that raises (a stub's "not
+    # implemented yet", a handle never waited on) raises there, in the same call and with the
+    # same keys (2 layers, p=4, step 0), without first drawing the 2048-wide stack (3-7 s)
+    tiny = ModelConfig(hidden=64, heads=4, ffn_hidden=256, n_layers=2, seq_len=8,
+                       vocab_size=64, dtype="float32")
+    lab.train_step(TPStack(tiny, rank, world, device=ranks.device()), *inputs(tiny, 4),
+                   variant="domino", p=4, step=0)
     recalibrate(LINK)            # the machine's matmul rate now: a busy machine slows compute
     H = 2048                     # compute comfortably covers the modelled transfers
     cfg = ModelConfig(hidden=H, heads=16, ffn_hidden=4 * H, n_layers=2, seq_len=128,

@@ -15,6 +15,12 @@ Each folder is graded through the self-check engine in this process (the grader'
 and messages, on the warm rank pools), one after the other: the overlap tests
 measure wall-clock time, and several graders at once on a small machine would disturb each other.
 
+Each folder is graded on the checks it must fail only (``wrong_labs.grade_where_caught``): a
+full grading fails exactly those (``WORKBOOK_WRONG_LABS_ALL_CHECKS=1`` grades every check, and
+these tests then prove it), and the others cost time for no catch -- wrong_chunk_order's overlap
+run alone (a 2-layer stack of hidden size 2048 trained twice on two ranks) took as long as its
+numerics on 2 and 4 ranks four times over.
+
 The prediction's wrong lab is the solution but for its prediction, a pure function nothing else
 calls: it is graded on the prediction's check alone (``wrong_labs.grade_one_mistake``, which
 first checks that nothing else differs), the rest being the reference the solutions stage grades.
@@ -22,7 +28,7 @@ first checks that nothing else differs), the rest being the reference the soluti
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, grade_in_process, grade_one_mistake
+from wrong_labs import assert_caught, grade_one_mistake, grade_where_caught
 
 NUMERICS = ("test_domino_matches_reference_tp2", "test_domino_matches_reference_tp4")
 BOTH_OVERLAPS = ("test_forward_communication_hidden", "test_backward_communication_hidden")
@@ -68,6 +74,6 @@ ONE_FUNCTION = {"domino_prediction_payload_bytes": "predict_exposed_ms"}
 def test_wrong_domino_is_caught(folder):
     if folder in ONE_FUNCTION:     # the solution but for one pure function: its checks only
         outcome = grade_one_mistake(folder, "domino", ONE_FUNCTION[folder])
-    else:                          # every check, this folder only, in its own test
-        outcome = grade_in_process(folder, "domino")
+    else:                          # the checks it must fail, this folder only, in its own test
+        outcome = grade_where_caught(folder, "domino", CASES[folder])
     assert_caught(folder, outcome, CASES[folder])

@@ -1,8 +1,15 @@
 """Grading a deliberately wrong lab the way a course's CI would, and checking what it failed.
 
-Shared by the ``test_*_wrong_caught.py`` modules: each folder of tests/grading/wrong/ is graded in
-a pytest subprocess (``--impl tests/grading/wrong/X``), its JUnit XML read back, and the test
-checks that exactly the expected grading tests failed, each with a message that teaches.
+Shared by the ``test_*_wrong_caught.py`` modules: each folder of tests/grading/wrong/ is graded
+(in this process on the warm rank pools, ``grade_in_process``; or in a pytest subprocess,
+``grade``, as a course's CI would) and the test checks that exactly the expected grading tests
+failed, each with a message that teaches.
+
+A folder is graded on the checks it must fail (``grade_where_caught``, ``checks_caught_by``),
+not on every check of its lab: a full grading fails exactly those, so the others pass, at the
+cost of an overlap run or a traced step each. ``WORKBOOK_WRONG_LABS_ALL_CHECKS=1`` grades every
+check again, with no rank cap, and the same assertions then prove that the selection hides no
+catch (docs/test-suite.md, "Each lab's budget").
 """
 from __future__ import annotations
 
@@ -71,8 +78,11 @@ def assert_fails_exactly(folder: str, lab: str, only, expected: dict, max_ranks:
     """Grade ``tests/grading/wrong/FOLDER`` in process (``verdicts_in_process``: the checks
     ``only``, under a rank cap of ``max_ranks``, as a small grading machine would) and assert
     that exactly the checks of ``expected`` (names without ``[n]``) failed -- failed, not hung
-    or errored -- each message holding every word ``expected`` lists for it."""
+    or errored -- each message holding every word ``expected`` lists for it. With
+    ``$WORKBOOK_WRONG_LABS_ALL_CHECKS=1``: every check, no rank cap (``grade_where_caught``)."""
     from workbook.grading import engine
+    if all_checks():                    # the proof that ``only`` hides no catch
+        only, max_ranks = None, None
     verdicts = verdicts_in_process(folder, lab, only, max_ranks=max_ranks)
     assert verdicts, "no check ran"
     failed = {v.name.split("[")[0] for v in verdicts if v.status != engine.PASSED}
@@ -88,14 +98,48 @@ def assert_fails_exactly(folder: str, lab: str, only, expected: dict, max_ranks:
             assert word in v.message, f"{folder}: {v.name}'s message lacks {word!r}:\n{v.message[:1500]}"
 
 
-def grade_in_process(folder: str, lab: str, only=None) -> dict[str, str | None]:
+def grade_in_process(folder: str, lab: str, only=None,
+                     max_ranks: int | None = None) -> dict[str, str | None]:
     """As ``grade``, through the self-check engine in this process (``verdicts_in_process``) on
     the warm rank pools instead of a pytest subprocess that starts its own: ``{test name: failure
-    message, or None if it passed}``, of the checks ``only`` names (None: all)."""
+    message, or None if it passed}``, of the checks ``only`` names (None: all), under a rank cap
+    of ``max_ranks`` (None: none)."""
     from workbook.grading import engine
     return {f"test_{v.name}": None if v.status in (engine.PASSED, engine.SKIPPED) else
             v.message if v.status == engine.FAILED else f"{v.status}: {v.message}"
-            for v in verdicts_in_process(folder, lab, only)}
+            for v in verdicts_in_process(folder, lab, only, max_ranks=max_ranks)}
+
+
+#: set to 1: every wrong lab is graded on every check of its lab, with no rank cap (the proof that
+#: grading it on the checks it is caught by, ``grade_where_caught``, hides no catch: the checks
+#: that fail must be the same)
+ENV_ALL_CHECKS = "WORKBOOK_WRONG_LABS_ALL_CHECKS"
+
+
+def all_checks() -> bool:
+    """Is ``$WORKBOOK_WRONG_LABS_ALL_CHECKS`` set (every wrong lab graded on every check)?"""
+    return os.environ.get(ENV_ALL_CHECKS, "").strip() not in ("", "0")
+
+
+def checks_caught_by(expected: dict, also=()) -> tuple[str, ...]:
+    """The checks a wrong lab is graded on: every check ``expected`` says must fail (names with
+    or without ``test_``, without ``[n]``) and the checks ``also`` names."""
+    return tuple(dict.fromkeys(name.removeprefix("test_") for name in (*expected, *also)))
+
+
+def grade_where_caught(folder: str, lab: str, expected: dict, also=(),
+                       max_ranks: int | None = None) -> dict[str, str | None]:
+    """``grade_in_process`` of ``tests/grading/wrong/FOLDER`` on the checks it must fail
+    (``checks_caught_by(expected, also)``), under a rank cap of ``max_ranks`` (None: none).
+
+    The lab's other checks are left out: today a full grading of FOLDER fails exactly the
+    checks of ``expected``, so the others pass, and grading them costs time (an overlap run is
+    a model trained on two ranks) for no catch. With ``$WORKBOOK_WRONG_LABS_ALL_CHECKS=1`` every
+    check runs, with no rank cap: the same assertions then prove that the selection hides no
+    catch (``docs/test-suite.md``, "Each lab's budget")."""
+    if all_checks():
+        return grade_in_process(folder, lab)
+    return grade_in_process(folder, lab, checks_caught_by(expected, also), max_ranks=max_ranks)
 
 
 def changed_definitions(folder: str, lab: str) -> set[str]:

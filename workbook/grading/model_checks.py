@@ -179,6 +179,7 @@ def run_traced_block(lab_name: str, trace_dir: str, block_class: str, layout=Non
     from workbook import trace
     from workbook.runtime.flight import RECORDER
     from workbook.grading.labs import load_lab
+    from workbook.grading.traffic_link import untimed_link
     from workbook.runtime.launch import device
     from workbook.model import ModelConfig
     from workbook.trace.capture import rank_trace
@@ -197,7 +198,7 @@ def run_traced_block(lab_name: str, trace_dir: str, block_class: str, layout=Non
         if hasattr(lab, "sync_sequence_parallel_grads"):
             steps["grad_sync"] = lambda _: lab.sync_sequence_parallel_grads(block)
         dist.barrier()
-        with rank_trace(trace_dir, lab=lab_name):
+        with untimed_link(), rank_trace(trace_dir, lab=lab_name):   # counted, not timed
             out = None
             for phase, step in steps.items():
                 RECORDER.reset()
