@@ -3,9 +3,12 @@
 One JupyterLab server on 127.0.0.1 (a free port, a token, ``--no-browser``), over a temporary
 copy of ``lessons/`` (so autosave cannot touch the committed notebooks), and one headless
 Chromium, driven through its chromedriver with the W3C WebDriver protocol (plain HTTP, no extra
-Python package), serve every lesson of this module in turn: each lesson opens in a workspace of
-its own, runs every cell, and must show no kernel error, a plotly figure and an ipywidgets
-control; then its kernel (and the rank pools it started) is shut down. The lessons: the first
+Python package), serve every lesson of this module in turn. JupyterLab's page is loaded once
+(parsing and starting its scripts took some seconds of the two cores per lesson when each lesson
+loaded the page anew); each lesson is then opened in it (``docmanager:open``, the previous
+lesson's notebook closed first, so nothing of its layout stays), runs every cell, and must show no
+kernel error, a plotly figure and an ipywidgets control; then its kernel (and the rank pools it
+started) is shut down. The lessons: the first
 one (collectives on ranks), lesson 8 (profiler traces, a benchmark, a widget panel), lesson 9
 (training steps on ranks, bucket timelines, memory figures, a widget), lessons 10 to 13
 (pipeline schedules, ring attention, interleaved and zero-bubble schedules, MoE all-to-alls, on
@@ -96,6 +99,17 @@ class WebDriver:
     def js(self, script, *args):
         return self._cmd("POST", "/execute/sync", {"script": script, "args": list(args)})
 
+    def js_async(self, script, *args, timeout: float = 60.0):
+        """``script`` as the body of an async function; its value once its promise settles."""
+        body = ("const done = arguments[arguments.length - 1];"
+                f"(async () => {{ {script} }})().then(done, e => done({{error: String(e)}}));")
+        self._cmd("POST", "/timeouts", {"script": int(timeout * 1000)})
+        value = self._cmd("POST", "/execute/async", {"script": body, "args": list(args)},
+                          timeout=timeout + 10)
+        if isinstance(value, dict) and set(value) == {"error"}:
+            raise AssertionError(f"in the browser: {value['error']}")
+        return value
+
     def screenshot(self, path: Path):
         path.write_bytes(base64.b64decode(self._cmd("GET", "/screenshot")))
 
@@ -128,8 +142,9 @@ def _stop(proc: subprocess.Popen | None, grace: float = 10.0) -> None:
 # give: without it, the notebook is the main-area widget that has a session.
 STATE_JS = """
 const app = window.jupyterapp;
-const w = app && (app.shell.currentWidget
-                  || Array.from(app.shell.widgets('main')).find(x => x.sessionContext));
+const cur = app && app.shell.currentWidget;
+const w = app && (cur && cur.sessionContext ? cur      // not a Launcher the empty area opened
+                  : Array.from(app.shell.widgets('main')).find(x => x.sessionContext));
 if (!w || !w.content || !w.sessionContext || !w.sessionContext.session) return null;
 const kernel = w.sessionContext.session.kernel;
 const cells = w.content.model.cells;
@@ -148,6 +163,28 @@ return {status: kernel ? kernel.status : 'none', code: code, done: done, errors:
         plots: document.querySelectorAll('.js-plotly-plot .main-svg').length,
         widgets: document.querySelectorAll('.jp-OutputArea-output .widget-slider, '
                                            + '.jp-OutputArea-output .widget-dropdown').length};
+"""
+
+
+# A lesson opened in the page already loaded: every notebook of the main area closed first (marked
+# saved, so that no "save your work?" dialog stops it; its kernel was shut down already), then
+# the lesson opened and made the shell's current widget.
+OPEN_JS = """
+const app = window.jupyterapp;
+for (const w of Array.from(app.shell.widgets('main'))) {
+  if (w.context && w.context.model) w.context.model.dirty = false;
+  w.dispose();
+}
+const w = await app.commands.execute('docmanager:open', {path: arguments[0], factory: 'Notebook'});
+await w.context.ready;
+app.shell.activateById(w.id);
+return w.id;
+"""
+
+# after a scroll, two animation frames: the page has painted what the screenshot will show
+PAINTED_JS = """
+await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+return true;
 """
 
 
@@ -186,6 +223,13 @@ class Browser:
         _wait_until("chromedriver",
                     lambda: _http("GET", f"{dbase}/status", timeout=5)["value"]["ready"], 30)
         self.driver = WebDriver(dbase, str(self.tmp / "chromium-profile"))
+        # the page, once, in a workspace of its own; lessons are opened in it (OPEN_JS)
+        self.driver.get(f"{self.base}/lab/workspaces/lessons?reset&token={self.token}")
+        _wait_until("JupyterLab's page to start", lambda: self.driver.js(
+            "const a = window.jupyterapp; return !!(a && a.shell && a.commands"
+            " && a.commands.hasCommand('docmanager:open')"
+            " && a.commands.hasCommand('notebook:run-all-cells'));"), 120)
+        self.driver.js_async("await window.jupyterapp.restored; return true;", timeout=120)
         return self
 
     def api(self, method: str, path: str, timeout: float = 20.0):
@@ -228,11 +272,10 @@ def test_lesson_runs_in_chromium(browser, lesson):
     shot = ARTIFACTS / f"browser_{Path(lesson).stem}.png"
     driver = browser.driver
     try:
-        # a workspace of its own per lesson: nothing of the previous lesson's layout is restored
-        driver.get(f"{browser.base}/lab/workspaces/{Path(lesson).stem}/tree/{lesson}"
-                   f"?token={browser.token}")
+        # in the page loaded once: the previous lesson's notebook closed, this one opened
+        driver.js_async(OPEN_JS, lesson, timeout=120)
         _wait_until("the notebook and its kernel", lambda: (driver.js(STATE_JS) or {}).get("status")
-                    == "idle", 120)
+                    == "idle", 120, every=0.2)
         driver.js("window.jupyterapp.commands.execute('notebook:run-all-cells'); return true;")
 
         def finished():
@@ -241,14 +284,15 @@ def test_lesson_runs_in_chromium(browser, lesson):
                 return s
             return s if s and s["done"] == s["code"] and s["status"] == "idle" else None
 
-        state = _wait_until("every cell to run", finished, RUN_TIMEOUT_S)
+        state = _wait_until("every cell to run", finished, RUN_TIMEOUT_S, every=0.25)
         # the widget panel re-renders its figure asynchronously: give the renderers a moment
         if not state["errors"]:
             state = _wait_until("a plotly figure and a widget", lambda: (
-                lambda s: s if s["plots"] and s["widgets"] else None)(driver.js(STATE_JS)), 30)
+                lambda s: s if s["plots"] and s["widgets"] else None)(driver.js(STATE_JS)), 30,
+                every=0.2)
         driver.js("const w = document.querySelector('.jp-OutputArea-output .widget-dropdown');"
                   "if (w) w.scrollIntoView({block: 'start'}); return true;")   # controls + figure
-        time.sleep(1.0)
+        driver.js_async(PAINTED_JS)
         driver.screenshot(shot)
         assert not state["errors"], f"{lesson} raised in the browser: {state['errors']}"
         assert state["plots"] > 0, f"no plotly figure rendered in {lesson}: {state}"

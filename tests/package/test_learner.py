@@ -4,6 +4,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,10 +45,19 @@ def _answer(done: int | None) -> str:
     return assign.strip_solutions(answered, LAB, f"{LAB}.py")
 
 
-@pytest.fixture()
-def labs(tmp_path):
-    folder = tmp_path / "mylabs"
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """The labs made once for the module (``workbook assign``: some seconds here)."""
+    folder = tmp_path_factory.mktemp("generated") / "mylabs"
     assign.generate(ROOT / "solutions", folder)
+    return folder
+
+
+@pytest.fixture()
+def labs(generated, tmp_path):
+    """A learner's own copy of the generated labs, for one test."""
+    folder = tmp_path / "mylabs"
+    shutil.copytree(generated, folder)
     return folder
 
 
@@ -107,36 +117,9 @@ def test_hints_follow_the_level_the_lab_was_made_at(tmp_path):
     assert region
 
 
-def _self_check(labs: Path, text: str) -> int:
-    (labs / f"{LAB}.py").write_text(text)
-    return subprocess.call([sys.executable, "-m", "workbook.cli", "run", LAB, "--impl",
-                            str(labs)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=300)
-
-
 def _line(labs: Path) -> str:
     return next(line for line in progress.progress_lines(str(labs))
                 if line.strip().startswith(LAB + " "))
-
-
-def test_progress_on_a_stub_a_partial_and_a_full_answer(labs, capsys):
-    titles = [t["title"] for t in task_list.lab_tasks(labs, LAB)]
-    assert "not checked yet" in _line(labs) and "start with task 1" in _line(labs)
-    assert _self_check(labs, (labs / f"{LAB}.py").read_text()) == 1              # the stub
-    assert re.search(r"0 / \d+ points", _line(labs)) and f"next: task 1, {titles[0]}" in _line(labs)
-    assert _self_check(labs, _answer(1)) == 1                                     # task 1 done
-    assert f"next: task 2, {titles[1]}" in _line(labs), _line(labs)
-    _run_cli("hint", LAB, "--impl", str(labs), capsys=capsys)                    # the next task's
-    assert "task 2 (1 of 3)" in _line(labs)
-    code = _self_check(labs, _answer(None))                                       # all done
-    saved = json.loads((labs / progress.PROGRESS_FILE).read_text())["checks"][LAB]
-    if code == 0:
-        assert "every check passes" in _line(labs) and saved["failed"] == []
-    else:       # a timing check the load of this machine failed: named, and the task it grades
-        assert saved["failed"] and "predictions_match_the_measured_trace" in saved["failed"]
-        assert saved["score"] >= saved["total"] - 3
-    code, out, _ = _run_cli("progress", "--impl", str(labs), capsys=capsys)
-    assert code == 0 and out.count("\n") == len(LABS) + 1 and f"{saved['score']:g} / " in out
 
 
 def _pids_running(marker: str) -> list[int]:
@@ -151,8 +134,15 @@ def _pids_running(marker: str) -> list[int]:
     return found
 
 
-def test_watch_checks_again_on_each_save_and_leaves_nothing_behind(labs):
+def test_watch_checks_each_save_progress_shows_each_check_and_nothing_is_left(labs, capsys):
+    """``workbook watch`` self-checks the stub at start, then each save (task 1 answered, the
+    whole answer, a syntax error); after each check ``workbook progress`` shows its score and the
+    next task (and the hint opened between them); Ctrl-C leaves no process behind. (One watcher
+    serves the progress checks too: each ``workbook run`` it starts records progress as a
+    learner's own does, so no separate self-checks are run for them.)"""
     lab_file = labs / f"{LAB}.py"
+    titles = [t["title"] for t in task_list.lab_tasks(labs, LAB)]
+    assert "not checked yet" in _line(labs) and "start with task 1" in _line(labs)
     # started with SIGINT ignored, as a shell starts `cmd &` in a script (and so CI): the watcher
     # must take Ctrl-C back (runs 11 and 12 of the test command waited 30 and 90 s for it)
     proc = subprocess.Popen([sys.executable, "-m", "workbook.cli", "watch", LAB, "--impl",
@@ -166,21 +156,47 @@ def test_watch_checks_again_on_each_save_and_leaves_nothing_behind(labs):
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             try:
-                line = lines.get(timeout=1.0)
+                line = lines.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
             except queue.Empty:
                 continue
             if re.search(pattern, line):
                 return line
         raise AssertionError(f"no line matching {pattern!r} within {limit:g} s")
 
+    def save(text: str) -> None:
+        """Save the lab file until the watcher says it is checking it again: a save made before
+        the watcher has gone back to watching the folder is not seen, so it is made again
+        (no fixed pause)."""
+        for _ in range(20):
+            lab_file.write_text(text)
+            try:
+                until(rf"workbook watch {LAB}: checking", limit=3.0)
+                return
+            except AssertionError:
+                continue
+        raise AssertionError("the watcher never saw a save")
+
     try:
         until(rf"watch: {LAB} checked, exit 1")                   # the stub, at start
-        time.sleep(1.0)
-        lab_file.write_text(_answer(None))                         # save 1: the whole answer
+        assert re.search(r"0 / \d+ points", _line(labs)), _line(labs)
+        assert f"next: task 1, {titles[0]}" in _line(labs), _line(labs)
+        save(_answer(1))                                           # save 1: task 1 answered
+        until(rf"watch: {LAB} checked, exit 1")
+        assert f"next: task 2, {titles[1]}" in _line(labs), _line(labs)
+        _run_cli("hint", LAB, "--impl", str(labs), capsys=capsys)                # the next task's
+        assert "task 2 (1 of 3)" in _line(labs)
+        save(_answer(None))                                        # save 2: the whole answer
         until(rf"{LAB}: \d+ of \d+ checks passed")
-        until(rf"watch: {LAB} checked, exit [01]")     # 1: a timing check under heavy load
-        time.sleep(1.0)
-        lab_file.write_text("def broken(:\n")                     # save 2: a syntax error
+        code = int(until(rf"watch: {LAB} checked, exit [01]").split("exit ")[1][0])
+        saved = json.loads((labs / progress.PROGRESS_FILE).read_text())["checks"][LAB]
+        if code == 0:
+            assert "every check passes" in _line(labs) and saved["failed"] == []
+        else:   # a timing check the load of this machine failed: named, and the task it grades
+            assert saved["failed"] and "predictions_match_the_measured_trace" in saved["failed"]
+            assert saved["score"] >= saved["total"] - 3
+        code, out, _ = _run_cli("progress", "--impl", str(labs), capsys=capsys)
+        assert code == 0 and out.count("\n") == len(LABS) + 1 and f"{saved['score']:g} / " in out
+        save("def broken(:\n")                                    # save 3: a syntax error
         until(r"not checked: overlap_math.py:1: ")
         until(rf"watch: {LAB} does not compile; waiting for a save")
         proc.send_signal(signal.SIGINT)

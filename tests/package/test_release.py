@@ -3,8 +3,8 @@
 A release is made at each level into a fresh folder and ``--check`` passes on it; an answer line,
 a hidden test's name or a solutions/ folder planted in one is named by ``--check``; bad input is
 one line, exit status 2, nothing written; the instructor's own ``labs/`` is never touched; in a
-release, hints work, ``solutions`` is one clear line, and a stub self-checks to "not implemented
-yet". No lesson is executed here.
+release, the package finds its course and ``solutions`` is one clear line (its hints and its
+stubs' self-check: ``test_release_learner.py``). No lesson is executed here.
 """
 from __future__ import annotations
 
@@ -278,30 +278,17 @@ def test_in_a_release_what_needs_the_reference_is_one_line(argv, message, releas
     assert {p.name: p.read_bytes() for p in (folder / "labs").iterdir()} == labs
 
 
-def test_in_a_release_the_package_finds_its_course_and_hints_work(releases, tmp_path):
+def test_in_a_release_the_package_finds_its_course(releases, tmp_path):
+    """The release's own package, run from outside it, takes the release for its course. (Its
+    hints, one rung at a time, and its stubs' self-check, exit 1 on TODO lines, run the same way
+    in ``test_release_learner.py``: `workbook hint`, and `workbook run` of every lab.)"""
     folder = tmp_path / "release"
     shutil.copytree(releases[0]["standard"], folder)
-    env = _course_env(folder)
     where = subprocess.run([sys.executable, "-c", "import workbook.grading.labs as l; "
                             "print(l.repo_root(), l.is_release())"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+                           cwd=tmp_path, env=_course_env(folder), capture_output=True, text=True,
+                           timeout=60)
     assert where.stdout.split() == [str(folder.resolve()), "True"], where.stderr
-    hint = subprocess.run([sys.executable, "-m", "workbook.cli", "hint", "collectives", "1"],
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=60)
-    assert hint.returncode == 0 and "collectives, task 1:" in hint.stdout, hint.stderr
-    assert "hint 1 of 3, the idea:" in hint.stdout
-
-
-def test_in_a_release_a_stub_self_checks_to_not_implemented(releases, tmp_path):
-    """`workbook run collectives` in the release itself, with its own package: exit 1, TODO."""
-    folder = tmp_path / "release"
-    shutil.copytree(releases[0]["standard"], folder)
-    run = subprocess.run([sys.executable, "-m", "workbook.cli", "run", "collectives",
-                          "--nproc", "1"], cwd=folder, env=_course_env(folder),
-                         capture_output=True, text=True, timeout=240)
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert "TODO" in run.stdout and "not implemented yet: collectives." in run.stdout
-    assert "exit 1 (a check failed or is not implemented yet)" in run.stdout
 
 
 def test_in_a_release_the_site_command_says_it_needs_the_course(releases, monkeypatch, tmp_path,

@@ -7,6 +7,9 @@ unchanged, else each lesson is run once here). Then the lessons recorded are exe
 in the release, with the release's own package and stub labs, the way ``test_notebooks.py`` runs
 the course's lessons.
 
+The recording is made afresh each time (not from the instructor's cache), so that it is also the
+one headless run of its lessons in the course (``test_notebooks.py`` leaves them to it).
+
 Which lessons: by default one, lesson 5 (about 10 s to record and 10 s to run on a quiet 2-core
 machine), because recording all eight costs 200-265 s here, more than the whole suite may
 spend on one lab (docs/test-suite.md). ``WORKBOOK_RELEASE_EVERY_LESSON=1`` records and runs every
@@ -43,12 +46,23 @@ STANDING_IN = [s for s in ALL_STANDING_IN if s["lab"] in RECORDED]
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """A standard-level release with its recordings, and how long making it took."""
-    folder = tmp_path_factory.mktemp("release") / "class"
-    t0 = time.perf_counter()
-    release.make_release(ROOT, folder, "standard", record=RECORDED)
-    print(f"release made in {time.perf_counter() - t0:.1f} s")
-    return folder
+    """A standard-level release with its recordings, and how long making it took.
+
+    Recorded afresh, never from the instructor's cache (``CACHE_DIR`` is a folder of this
+    module's for as long as it runs): the recording executes each lesson of ``RECORDED`` headless
+    in the course, stub labs and the reference beside them, and an error in any cell stops it
+    (``RecordingError``), which is what ``test_notebooks.py`` checks of a lesson: it leaves these
+    lessons to this run (``test_notebooks.RECORDED_RUN``) instead of executing them twice."""
+    base = tmp_path_factory.mktemp("release")
+    folder = base / "class"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lesson_recording, "CACHE_DIR", str(base / "recorded-lessons"))
+        t0 = time.perf_counter()
+        release.make_release(ROOT, folder, "standard", record=RECORDED)
+        print(f"release made in {time.perf_counter() - t0:.1f} s")
+        entry = json.loads((folder / RELEASE_MANIFEST).read_text())["recorded_lessons"]
+        assert all(entry["per_lesson_seconds"][lab] != "cached" for lab in RECORDED), entry
+        yield folder
 
 
 def _in_release(monkeypatch, folder: Path) -> None:
@@ -260,7 +274,7 @@ def test_a_lesson_that_fails_while_recording_stops_the_release_in_one_line(tmp_p
     message = str(caught.value)
     assert message.startswith("recording lessons/04_broken.py with the reference failed ("), message
     assert "the reference broke here" in message and len(message.splitlines()) == 1
-    assert not (course / lesson_recording.CACHE_DIR).exists()
+    assert not list((course / lesson_recording.CACHE_DIR).glob("tp-*"))     # nothing cached
 
 
 def test_an_update_keeps_the_recordings_and_rewrites_none_unchanged(made, tmp_path):

@@ -230,11 +230,14 @@ def start_store(host: Host, port: int, env: dict, wait: float = 60.0) -> subproc
 
 
 def stop_store(proc: subprocess.Popen) -> None:
-    """Close the store's stdin (it stops on that), then SIGTERM, then SIGKILL; return once gone."""
-    for step in (proc.stdin.close, proc.terminate, proc.kill):
+    """Close the store's stdin (it stops on that), then SIGTERM, then SIGKILL; return once gone.
+    The first step may take some seconds on a loaded machine (the store's interpreter exits,
+    torch and all: 3 s was not always enough at a load of 11 on 2 cores); the bound is not a
+    pause, the wait ends when the store does."""
+    for step, bound in ((proc.stdin.close, 20.0), (proc.terminate, 5.0), (proc.kill, 5.0)):
         try:
             step()
-            proc.wait(timeout=3)
+            proc.wait(timeout=bound)
             return
         except (OSError, subprocess.TimeoutExpired):
             pass
