@@ -51,7 +51,7 @@ MATCH_ORDER = tuple(sorted(COURSE_LABS, key=len, reverse=True))
 LESSON_LAB = {"01": "collectives", "02": "ring_allreduce", "03": "async_overlap", "04": "tp",
               "05": "sp", "06": "domino", "07": "overlap_math", "08": "tp_overlap",
               "09": "dp_overlap", "10": "pp_overlap", "11": "cp_ring",
-              "12": "pp_schedules", "13": "ep_overlap"}
+              "12": "pp_schedules", "13": "ep_overlap", "14": "capstone"}
 
 
 def lab_of(test: str) -> str | None:

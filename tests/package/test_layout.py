@@ -23,7 +23,8 @@ LESSON_LAB = {"01_collectives": "collectives", "02_ring_allreduce": "ring_allred
               "05_sequence_parallel": "sp", "06_domino": "domino", "07_overlap_math": "overlap_math",
               "08_tp_overlap": "tp_overlap", "09_dp_overlap": "dp_overlap",
               "10_pp_overlap": "pp_overlap", "11_cp_ring": "cp_ring",
-              "12_pp_schedules": "pp_schedules", "13_ep_overlap": "ep_overlap"}
+              "12_pp_schedules": "pp_schedules", "13_ep_overlap": "ep_overlap",
+              "14_capstone": "capstone"}
 
 needs_linter = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not installed "
                                   "(pip install -e '.[dev]')")

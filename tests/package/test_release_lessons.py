@@ -104,13 +104,13 @@ def test_the_cells_that_depend_on_the_reference_are_read_from_the_code():
 
 
 def test_every_lesson_that_stands_the_reference_in_is_found():
-    """Lessons 4-13 fall back to the reference (the issue's audit; lesson 12 only in section 7,
+    """Lessons 4-14 fall back to the reference (the issue's audit; lesson 12 only in section 7,
     its runs on ranks: on paper it draws PyTorch's orders; lesson 13 from section 4 on, its runs
     on ranks); each names its own lab."""
     assert [(s["lesson"][8:10], s["lab"]) for s in ALL_STANDING_IN] == [
         ("04", "tp"), ("05", "sp"), ("06", "domino"), ("07", "overlap_math"),
         ("08", "tp_overlap"), ("09", "dp_overlap"), ("10", "pp_overlap"), ("11", "cp_ring"),
-        ("12", "pp_schedules"), ("13", "ep_overlap")]
+        ("12", "pp_schedules"), ("13", "ep_overlap"), ("14", "capstone")]
 
 
 # --------------------------------------------------------------------------- the recordings

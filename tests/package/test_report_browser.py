@@ -1,8 +1,10 @@
-"""The trace report in headless Chromium: a 4-rank run of the collectives lab drawn, and a 2-rank
-run's timeline hovered (bars and the WebGL path) and its bar labels read back from the page.
+"""The trace report in headless Chromium: a 4-rank run of the collectives lab drawn, a 2-rank
+run's timeline hovered (bars and the WebGL path) and its bar labels read back from the page, and
+the capstone's one picture of a whole step (4 ranks, both configurations) drawn.
 
 Skipped only where no Chromium exists (the test command installs Debian's chromium where it can).
-The screenshot is kept as a test artifact: tests/artifacts/collectives_report.png.
+The screenshots are kept as test artifacts: tests/artifacts/collectives_report.png and
+capstone_step.png.
 """
 import re
 import shutil
@@ -133,3 +135,41 @@ def test_timeline_hover_and_labels_in_chromium(tmp_path, monkeypatch):
     gl = probe_report(write_report(run_dir, tmp_path / "gl.html"), tmp_path)
     assert set(gl["types"]) == {"scattergl"} and gl["gl"] > 0 and gl["labels"] == 0
     assert gl["wait"] == bars["wait"] and gl["communication"] == bars["communication"]
+
+
+def _capstone_run(trace_dir):
+    """On every rank: the capstone's report run on the reference, at a small size (3 steps of
+    both configurations against one device, one traced step of each)."""
+    from workbook.capstone import capstone_report
+    from workbook.capstone.capstone_train import TrainSetup
+    from workbook.model import ModelConfig
+    small = TrainSetup(cfg=ModelConfig(vocab_size=256, hidden=64, heads=4, ffn_hidden=256,
+                                       n_layers=2, seq_len=32, style="gpt", dtype="float32",
+                                       seed=0), batch=8, steps=2)
+    return capstone_report.run(trace_dir, "solutions", {"steps": 3, "traced_setup": small})
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine")
+def test_capstone_picture_renders_in_chromium(tmp_path):
+    """The capstone's one picture of a whole step (``capstone_step.html``, which ``workbook run
+    capstone`` writes beside its traces): every rank, both configurations, each group's
+    transfers in its colour, the exposed part, the loss curves, drawn by plotly in Chromium."""
+    from workbook.capstone import capstone_report
+    run_dir = tmp_path / "run"
+    results = launch.shared_pool(4, "gloo").run(_capstone_run, str(run_dir), link="dgx-h100",
+                                                timeout=300)
+    text = capstone_report.describe(results)
+    page = run_dir / capstone_report.PICTURE
+    assert f"the picture of a whole step: {page}" in text and page.is_file()
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "capstone_step.png"
+    shot.unlink(missing_ok=True)
+    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                          f"--screenshot={shot}", "--window-size=1400,900", "--dump-dom",
+                          page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count('class="main-svg"') >= 1 and dom.count("<path") > 50
+    for label in ("rank 0", "rank 3", "TP x DP", "PP x DP", "TP communication",
+                  "DP communication", "PP communication", "exposed", "one device",
+                  "SIMULATED link"):
+        assert label in dom, label
+    assert shot.exists() and shot.stat().st_size > 20_000
