@@ -13,7 +13,10 @@ around any block; a pipeline stage holding the blocks a split chose), ``capstone
 ``capstone_train`` (the setup, the reference schedule, the single-device run),
 ``capstone_data`` (the seam to the shipped text, ``text_data``), ``capstone_traffic`` (bus
 bytes per group, on paper and from a trace; hidden share per group) and ``capstone_run`` (the
-runs on ranks the grader, the lesson, the report and the bench share).
+runs on ranks the grader, the lesson, the report and the bench share). Around the lab: the
+self-check's figures (``capstone_report``) and its one picture of a whole step
+(``capstone_figures``), ``workbook bench capstone`` (``capstone_bench``), and lesson 14's helpers
+on paper (``capstone_lesson``) and on ranks (``capstone_lesson_ranks``).
 
 ``workbook plan``: a 4D split of a real model on a real cluster predicted from the course's
 formulas (``plan``), with its shapes and rules (``plan_shapes``), FLOPs (``plan_flops``), memory
