@@ -8,8 +8,8 @@ failed, each with a message that teaches.
 A folder is graded on the checks it must fail (``grade_where_caught``, ``checks_caught_by``),
 not on every check of its lab: a full grading fails exactly those, so the others pass, at the
 cost of an overlap run or a traced step each. ``WORKBOOK_WRONG_LABS_ALL_CHECKS=1`` grades every
-check again, with no rank cap, and the same assertions then prove that the selection hides no
-catch (docs/test-suite.md, "Each lab's budget").
+check again, and the same assertions then prove that the selection hides no catch
+(docs/test-suite.md, "Each lab's budget").
 """
 from __future__ import annotations
 
@@ -79,10 +79,10 @@ def assert_fails_exactly(folder: str, lab: str, only, expected: dict, max_ranks:
     ``only``, under a rank cap of ``max_ranks``, as a small grading machine would) and assert
     that exactly the checks of ``expected`` (names without ``[n]``) failed -- failed, not hung
     or errored -- each message holding every word ``expected`` lists for it. With
-    ``$WORKBOOK_WRONG_LABS_ALL_CHECKS=1``: every check, no rank cap (``grade_where_caught``)."""
+    ``$WORKBOOK_WRONG_LABS_ALL_CHECKS=1``: every check, under the same cap."""
     from workbook.grading import engine
-    if all_checks():                    # the proof that ``only`` hides no catch
-        only, max_ranks = None, None
+    if all_checks():                    # the proof that ``only`` hides no catch (the cap
+        only = None                     # is the module's own: its words are the cap's)
     verdicts = verdicts_in_process(folder, lab, only, max_ranks=max_ranks)
     assert verdicts, "no check ran"
     failed = {v.name.split("[")[0] for v in verdicts if v.status != engine.PASSED}
@@ -110,9 +110,10 @@ def grade_in_process(folder: str, lab: str, only=None,
             for v in verdicts_in_process(folder, lab, only, max_ranks=max_ranks)}
 
 
-#: set to 1: every wrong lab is graded on every check of its lab, with no rank cap (the proof that
-#: grading it on the checks it is caught by, ``grade_where_caught``, hides no catch: the checks
-#: that fail must be the same)
+#: set to 1: every wrong lab is graded on every check of its lab (the proof that grading it on
+#: the checks it is caught by hides no catch: the checks that fail must be the same), with no
+#: rank cap in ``grade_where_caught`` (whose caps are new) and its module's own in
+#: ``assert_fails_exactly`` (whose cap of 2 the expected words are written for)
 ENV_ALL_CHECKS = "WORKBOOK_WRONG_LABS_ALL_CHECKS"
 
 
