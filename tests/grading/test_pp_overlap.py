@@ -155,7 +155,20 @@ def test_predict_step_ms():
         link = make_link(preset, PREDICTION_FLOPS)
         schedules = [_expected("1f1b", p, m, s) for s in range(p)]
         model, mistakes = step_model(schedules, link, shape, itemsize, t_fwd, t_bwd)
-        got = lab.predict_step_ms(link, p, m, shape, itemsize, t_fwd, t_bwd)
+        schedule_problem = _schedule_problem(lab, "1f1b", p, m)
+        try:
+            got = lab.predict_step_ms(link, p, m, shape, itemsize, t_fwd, t_bwd)
+        except NotImplementedError:
+            raise
+        except Exception as exc:                  # noqa: BLE001 - a wrong schedule raises here
+            if not schedule_problem:
+                raise
+            got = exc
+        if schedule_problem and (isinstance(got, Exception) or
+                                 judge_prediction(got, model, mistakes, what="", terms="")):
+            raise AssertionError(
+                f"not graded yet: a prediction that plays your 1F1B order needs the order right "
+                f"first, and test_one_f_one_b_schedule finds it wrong ({schedule_problem})")
         problem = judge_prediction(
             got, model, mistakes, what="the step of 1F1B with overlapped p2p",
             terms="one transfer = the link's latency + the activation's bytes (rows x seq x "
