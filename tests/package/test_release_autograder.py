@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,7 +101,17 @@ def test_a_finished_lab_from_a_release_scores_full_marks(graded):
     hidden = by_name(res)["collectives_hidden::broadcast_from_the_second_rank"]
     assert hidden["visibility"] == "hidden" and hidden["score"] == HIDDEN_POINTS
     assert "graded: labs/collectives.py, labs/overlap_math.py" in res["output"]
-    assert "ignored" in res["output"] and "labs/hints.json" in res["output"]
+    # every other file of the release's labs/ (the other labs, hints.json) is named as ignored,
+    # the list cut short after a few names ("and N more"): counted, not graded
+    graded_line = next(line for line in res["output"].splitlines() if line.startswith("graded:"))
+    assert "hints.json" not in graded_line
+    ignored = next(line for line in res["output"].splitlines()
+                   if line.startswith("ignored (not lab files of this assignment"))
+    named = ignored.split("): ", 1)[1]
+    more = re.search(r" and (\d+) more$", named)
+    shown = (named[:more.start()] if more else named).split(", ")
+    submitted = [p for p in (folder / "labs").iterdir() if p.is_file()]
+    assert len(shown) + (int(more.group(1)) if more else 0) == len(submitted) - 2, ignored
 
 
 def test_a_stub_from_a_release_scores_zero(graded):

@@ -64,6 +64,15 @@ def traced_picture(trace_dir: str, kind: str, setup=None, impl: str | None = Non
     return out
 
 
+def _raise_unless_done(res: dict, what: str) -> None:
+    """A rank's result that holds no figures: "not implemented yet" for a stub, the rank's own
+    error otherwise (never a real error shown as a stub's)."""
+    if "not_implemented" in res:
+        raise NotImplementedError(f"capstone: {what} yet ({res['not_implemented']})")
+    if "error" in res:
+        raise RuntimeError(f"capstone: {what}: {res['error']}")
+
+
 def run(trace_dir=None, impl=None, options=None) -> dict:
     """On every rank: the loss of every step of both configurations, one device's on rank 0,
     and one traced step of each (module docstring); ``options``: ``{"steps", "setup",
@@ -80,11 +89,13 @@ def run(trace_dir=None, impl=None, options=None) -> dict:
     rank, preset = dist.get_rank(), link.current_link() and link.current_link().preset
     out = {"rank": rank, "training": {}, "traced": {}, "traffic": {},
            "steps": o["steps"] or setup.steps}
+    from workbook.capstone.capstone_run import check_run
+    for kind in KINDS:                        # the mesh's rules, in one line, before any step
+        check_run(kind, setup, dist.get_world_size())
     with implementation(impl):
         for kind in KINDS:
             out["training"][kind] = train_losses(kind, setup, o["steps"])
-            if "error" in out["training"][kind] or "not_implemented" in out["training"][kind]:
-                raise NotImplementedError(f"capstone: {NAMES[kind]} does not train yet")
+            _raise_unless_done(out["training"][kind], f"{NAMES[kind]} does not train")
         if rank == 0:
             try:
                 out["single"] = train_single_device(setup, out["steps"])["losses"]
@@ -96,8 +107,7 @@ def run(trace_dir=None, impl=None, options=None) -> dict:
             for kind in KINDS:
                 res = out["traced"][kind] = traced_picture(str(Path(root) / kind), kind,
                                                            o["traced_setup"])
-                if "error" in res or "not_implemented" in res:
-                    raise NotImplementedError(f"capstone: the traced {NAMES[kind]} step failed")
+                _raise_unless_done(res, f"the traced {NAMES[kind]} step failed")
                 out["traffic"][kind] = traffic_rows(res, kind, o["traced_setup"])
     return out
 
