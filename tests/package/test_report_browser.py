@@ -25,6 +25,18 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage
          "--no-first-run", "--hide-scrollbars", "--virtual-time-budget=15000"]
 
 
+def draw(page: Path, artifact: str, tmp_path: Path, window: str) -> tuple[str, Path]:
+    """One Chromium draws ``page`` once, then writes its DOM (returned) and its screenshot (the
+    test artifact ``artifact``, a fresh one)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / artifact
+    shot.unlink(missing_ok=True)
+    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                          f"--screenshot={shot}", f"--window-size={window}", "--dump-dom",
+                          page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    return dom, shot
+
+
 def traced_collectives(trace_dir):
     """Every built-in once, then the lab's own builds of them, traced on the link."""
     import torch
@@ -47,13 +59,7 @@ def test_report_timeline_renders_in_chromium(tmp_path):
     launch.shared_pool(4, "gloo").run(traced_collectives, str(run_dir), link="dgx-h100",
                                       timeout=300)             # warm ranks: the trace is the same
     report = write_report(run_dir, tmp_path / "report.html")
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "collectives_report.png"
-    shot.unlink(missing_ok=True)
-    # one Chromium draws the page once, then writes its DOM and its screenshot
-    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
-                          f"--screenshot={shot}", "--window-size=1400,1000", "--dump-dom",
-                          report.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom, shot = draw(report, "collectives_report.png", tmp_path, "1400,1000")
     # plotly drew the timeline: its SVG, bars for all four ranks, the simulated-link label
     assert 'class="main-svg"' in dom
     assert len(re.findall(r'class="point"', dom)) >= 8 or dom.count("<path") > 50
@@ -161,12 +167,7 @@ def test_capstone_picture_renders_in_chromium(tmp_path):
     text = capstone_report.describe(results)
     page = run_dir / capstone_report.PICTURE
     assert f"the picture of a whole step: {page}" in text and page.is_file()
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "capstone_step.png"
-    shot.unlink(missing_ok=True)
-    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
-                          f"--screenshot={shot}", "--window-size=1400,900", "--dump-dom",
-                          page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom, shot = draw(page, "capstone_step.png", tmp_path, "1400,900")
     assert dom.count('class="main-svg"') >= 1 and dom.count("<path") > 50
     for label in ("rank 0", "rank 3", "TP x DP", "PP x DP", "TP communication",
                   "DP communication", "PP communication", "exposed", "one device",

@@ -83,14 +83,14 @@ class ByteTokenizer:
         return bytes(values).decode("utf-8", errors="replace")
 
 
-def _count(name: str, value) -> int:
-    """``value`` as an int >= 1, or a one-line error naming ``name``."""
+def _count(name: str, value, least: int = 1) -> int:
+    """``value`` as an int >= ``least``, or a one-line error naming ``name``."""
     try:
         number = operator.index(value)
     except TypeError:
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}") from None
-    if number < 1:
-        raise ValueError(f"{name} must be >= 1, got {number}")
+        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}") from None
+    if number < least:
+        raise ValueError(f"{name} must be >= {least}, got {number}")
     return number
 
 
@@ -137,12 +137,7 @@ class TextLoader:
 
     def starts(self, step: int) -> torch.Tensor:
         """int64 ``[B]``: where each row of step ``step``'s batch starts in ``self.tokens``."""
-        try:
-            step = operator.index(step)
-        except TypeError:
-            raise ValueError(f"step must be a whole number >= 0, got {step!r}") from None
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
+        step = _count("step", step, least=0)
         gen = generator_for(self.seed, "capstone-text", self.split, step)
         return torch.randint(0, self.windows, (self.batch,), generator=gen, dtype=torch.int64)
 
