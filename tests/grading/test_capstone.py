@@ -292,8 +292,33 @@ def diagnose(kind: str, per_rank: list[dict]) -> str:
     return ""
 
 
+def mesh_problem() -> str:
+    """What is wrong with the learner's mesh on the graded 2 x 2 world, "" when nothing: a rank
+    that crashed or hung on it is explained by it."""
+    try:
+        inner, dp = _lab().mesh_ranks(4, 2, 2)
+        inner, dp = [list(g) for g in inner], [list(g) for g in dp]
+    except Exception:                                   # noqa: BLE001 - mesh_ranks says why
+        return ""
+    if inner == [[0, 1], [2, 3]] and dp == [[0, 2], [1, 3]]:
+        return ""
+    return (f" Your mesh_ranks(4, 2, 2) gives inner groups {inner} and DP groups {dp}, not "
+            f"[[0, 1], [2, 3]] and [[0, 2], [1, 3]]: ranks that disagree on their groups issue "
+            f"collectives and transfers that do not match, which can crash or hang a rank "
+            f"(mesh_ranks, lesson 14, section 1).")
+
+
 def check_numbers(kind: str) -> None:
-    per_rank = train_run(kind)
+    try:
+        per_rank = train_run(kind)
+    except NotImplementedError:
+        raise
+    except Exception as exc:                            # noqa: BLE001 - a rank crashed or hung
+        problem = mesh_problem()
+        if not problem:
+            raise
+        raise AssertionError(f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                             f"{problem}") from None
     n = len(per_rank)
     for rank, res in enumerate(per_rank):
         raise_if_failed(res, rank, n, f"20 training steps of {NAMES[kind]}")
