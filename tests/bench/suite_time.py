@@ -4,6 +4,7 @@
     python tests/bench/suite_time.py --table FILE    # report a recorded clock file, run nothing
     python tests/bench/suite_time.py -- -k domino    # pass pytest arguments after ``--``
     python tests/bench/suite_time.py --table FILE --lab domino   # and domino's share by module
+    python tests/bench/suite_time.py --table FILE --module-seconds tests/package/module_seconds.json
 
 With no ``--table``, it runs the package tests serially (one pytest process: each test's time
 alone, the figure each lab's budget is stated in), then the two grading stages, all clocked.
@@ -90,6 +91,21 @@ def load(paths: list[Path]) -> list[dict]:
     return rows
 
 
+def write_module_seconds(rows: list[dict], path: Path) -> None:
+    """Each package test module's summed wall seconds, and each test's of at least 5 s, as JSON,
+    for the test command's scheduler (``tests/package/conftest.py`` hands the longest out first)."""
+    modules: dict[str, float] = defaultdict(float)
+    tests: dict[str, float] = {}
+    for r in rows:
+        if r.get("stage", "package") == "package":
+            modules[Path(r["test"].split("::")[0]).stem] += r["wall"]
+            if r["wall"] >= 5.0:
+                tests[r["test"]] = round(r["wall"], 1)
+    path.write_text(json.dumps({"modules": {m: round(s, 1) for m, s in sorted(modules.items())},
+                                "tests": dict(sorted(tests.items()))}, indent=1) + "\n")
+    print(f"wrote the seconds of {len(modules)} modules and {len(tests)} tests to {path}")
+
+
 def report(rows: list[dict], top: int = 25, out=sys.stdout, labs=()) -> dict:
     tests = [r for r in rows if r.get("stage", "package") == "package"]
     stage_rows = [r for r in rows if r.get("stage", "package") != "package"]
@@ -170,6 +186,9 @@ def main(argv=None) -> int:
                     help="exit 1 when a lab is over its budget or a test over the limit")
     ap.add_argument("--no-grading", action="store_true",
                     help="leave out the grading stages (solutions, stubs): package tests only")
+    ap.add_argument("--module-seconds", type=Path, metavar="JSON",
+                    help="write each package test module's seconds (the order in which the test "
+                         "command hands modules to its workers: tests/package/conftest.py)")
     ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = ap.parse_args(argv)
     if args.table:
@@ -202,7 +221,10 @@ def main(argv=None) -> int:
         print("\n" + "; ".join(f"{k} {v:.0f} s" for k, v in took.items())
               + f" (run one after the other); clock file: {record}")
         paths = [record]
-    result = report(load(paths), top=args.top, labs=args.lab or ())
+    rows = load(paths)
+    if args.module_seconds:
+        write_module_seconds(rows, args.module_seconds)
+    result = report(rows, top=args.top, labs=args.lab or ())
     if args.check_budget and (result["over_budget"] or result["over_limit"]):
         return 1
     return 0

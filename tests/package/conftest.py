@@ -4,10 +4,12 @@ The link calibration is pinned (WORKBOOK_LOCAL_FLOPS) so that modelled times do 
 busy this machine is while the tests run, and each rank keeps the model weights it drew
 (WORKBOOK_WEIGHT_CACHE_MB); rank pools inherit both when they start.
 
-The test command runs these tests on two pytest-xdist workers (docs/test-suite.md). Each module is one group, so a module's fixtures (a JupyterLab, a graded
-wrong lab, a rank pool) are made once, on one worker; the modules that grade measured time (an
-overlap figure of a wrong lab, a solution graded for full marks, a benchmark's figures) form one
-group, ``timed``, so that no two of them ever measure at the same time.
+The test command runs these tests on two pytest-xdist workers (docs/test-suite.md). Each module
+is one unit of work, so that its fixtures (a JupyterLab, a graded wrong lab, a rank pool) are
+made once, on one worker; the modules that grade measured time (an overlap figure of a wrong
+lab, a solution graded for full marks, a benchmark's figures) form one unit, ``timed``, so that
+no two of them ever measure at the same time. Units go out longest first, by the seconds of a
+recorded run (``module_seconds.json``), so that both workers end at about the same time.
 """
 import os
 from pathlib import Path
@@ -26,10 +28,18 @@ TIMED = {"test_wrong_impls_caught", "test_autograder", "test_class_grading", "te
 # neither with a figure read from time, so it runs on the other worker)
 
 
-# the browser runs the heaviest lessons (30-40 s each on a quiet machine): it goes last on its
-# worker, once the grading stages beside the package tests (docs/test-suite.md) are done, so that
-# it shares the two cores with one other test instead of three (a lesson there took up to 76 s)
+# the browser runs the heaviest lessons (30-40 s each on a quiet machine): it does not start
+# before the grading stages beside the package tests (docs/test-suite.md) are mostly done, so
+# that it shares the two cores with one other test instead of three (a lesson there took up to
+# 76 s); DEFER_S is about how long those stages take, in seconds of queued tests
 LAST = {"test_browser"}
+DEFER_S = 300.0
+# modules whose tests share no module fixture: each test is its own unit of work, so that the
+# short ones fill the gaps at the end of the run
+SPLIT = {"test_notebooks"}
+# each module's seconds in a recorded run (`tests/bench/suite_time.py --table FILE
+# --module-seconds tests/package/module_seconds.json`): the longest are handed out first
+SECONDS_FILE = Path(__file__).with_name("module_seconds.json")
 
 
 def is_timed(module: str) -> bool:
@@ -37,21 +47,72 @@ def is_timed(module: str) -> bool:
     return module in TIMED or module.endswith("_wrong_caught") or module.startswith("test_bench_")
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: ``timed``, its module, or itself (``SPLIT``)."""
+    module = nodeid.split("::", 1)[0]
+    stem = Path(module).stem
+    if is_timed(stem):
+        return "timed"
+    return nodeid if stem in SPLIT else module
+
+
+def work_order(units: dict[str, int], seconds: dict) -> list[str]:
+    """The order in which units are handed out: ``timed`` first (one worker runs it, module after
+    module), then the longest first (the classic longest-processing-time rule, which keeps the
+    two workers' ends close), the ``LAST`` modules held back until ``DEFER_S`` seconds of other
+    units are queued before them. ``units`` maps a unit to its number of tests; ``seconds`` is
+    ``SECONDS_FILE``'s content: a unit's expected seconds are its own where recorded (a test of
+    a ``SPLIT`` module), else its module's share, else two seconds a test."""
+    modules, tests = seconds.get("modules", {}), seconds.get("tests", {})
+
+    def expected(unit: str) -> float:
+        if unit == "timed":
+            return float("inf")
+        if unit in tests:
+            return tests[unit]
+        stem = Path(unit.split("::", 1)[0]).stem
+        siblings = [u for u in units if Path(u.split("::", 1)[0]).stem == stem]
+        known = sum(tests.get(u, 0.0) for u in siblings if u != unit and "::" in u)
+        rest = sum(units[u] for u in siblings if u not in tests)
+        in_module = sum(units[u] for u in siblings)
+        return max(modules.get(stem, 2.0 * in_module) - known, 0.0) * units[unit] / rest
+
+    order = sorted(units, key=lambda u: (-expected(u), u))
+    held = [u for u in order if Path(u.split("::", 1)[0]).stem in LAST]
+    order = [u for u in order if u not in held]
+    queued, at = 0.0, len(order)
+    for i, unit in enumerate(order):
+        if unit != "timed":
+            queued += expected(unit)
+        if queued >= DEFER_S:
+            at = i + 1
+            break
+    return order[:at] + held + order[at:]
+
+
 @pytest.hookimpl(optionalhook=True)            # only where pytest-xdist is installed
 def pytest_xdist_make_scheduler(config, log):
-    """Whole modules to a worker, every module of ``is_timed`` to one worker, in turn, and the
-    modules of ``LAST`` after all others (the ``xdist_group`` marker did not group under pytest
-    9.2: a scheduler of our own)."""
+    """Units of work (``unit_of``) handed out in ``work_order`` (the ``xdist_group`` marker did
+    not group under pytest 9.2: a scheduler of our own)."""
+    import json
+
     from xdist.scheduler import LoadScopeScheduling
+
+    try:
+        seconds = json.loads(SECONDS_FILE.read_text())
+    except (OSError, ValueError):
+        seconds = {}
 
     class ModuleGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "timed" if is_timed(Path(module).stem) else module
+            return unit_of(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            for scope in [s for s in self.workqueue if Path(s).stem in LAST]:
-                self.workqueue.move_to_end(scope)
+            if not getattr(self, "_ordered", False):
+                units = {scope: len(tests) for scope, tests in self.workqueue.items()}
+                for unit in work_order(units, seconds):
+                    self.workqueue.move_to_end(unit)
+                self._ordered = True
             super()._assign_work_unit(node)
 
     return ModuleGroups(config, log)

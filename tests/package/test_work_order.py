@@ -1,0 +1,34 @@
+"""The order in which the test command hands units of work to its two workers (conftest.py)."""
+from conftest import DEFER_S, unit_of, work_order
+
+
+def test_timed_modules_form_one_unit_and_split_modules_one_unit_a_test():
+    assert unit_of("tests/package/test_domino_wrong_caught.py::test_x[a]") == "timed"
+    assert unit_of("tests/package/test_bench_domino.py::test_y") == "timed"
+    assert unit_of("tests/package/test_model.py::test_z[1]") == "tests/package/test_model.py"
+    nb = "tests/package/test_notebooks.py::test_notebook_runs[06_domino]"
+    assert unit_of(nb) == nb
+
+
+def test_timed_first_then_longest_first_and_the_browser_held_back():
+    units = {"timed": 40, "tests/package/test_browser.py": 7, "tests/package/test_a.py": 3,
+             "tests/package/test_b.py": 2, "tests/package/test_c.py": 9,
+             "tests/package/test_notebooks.py::run[06]": 1,
+             "tests/package/test_notebooks.py::run[07]": 1}
+    seconds = {"modules": {"test_browser": 240.0, "test_a": 200.0, "test_b": 150.0, "test_c": 9.0,
+                           "test_notebooks": 80.0},
+               "tests": {"tests/package/test_notebooks.py::run[06]": 60.0}}
+    order = work_order(units, seconds)
+    assert order[0] == "timed"
+    # the browser waits until DEFER_S seconds of other work are queued (a: 200, b: 150)
+    assert DEFER_S <= 350 and order[1:4] == ["tests/package/test_a.py", "tests/package/test_b.py",
+                                             "tests/package/test_browser.py"]
+    # a recorded test keeps its own seconds (60), its unrecorded sibling the module's rest (20)
+    assert order[4:] == ["tests/package/test_notebooks.py::run[06]",
+                         "tests/package/test_notebooks.py::run[07]", "tests/package/test_c.py"]
+    assert sorted(order) == sorted(units)
+
+
+def test_nothing_recorded_orders_by_the_number_of_tests():
+    units = {"tests/package/test_a.py": 1, "tests/package/test_b.py": 5}
+    assert work_order(units, {}) == ["tests/package/test_b.py", "tests/package/test_a.py"]
