@@ -1,5 +1,12 @@
 """The order in which the test command hands units of work to its two workers (conftest.py)."""
-from conftest import DEFER_S, unit_of, work_order
+import importlib.util
+from pathlib import Path
+
+# by its path: ``import conftest`` finds whichever test folder's conftest came first
+_spec = importlib.util.spec_from_file_location("package_conftest", Path(__file__).with_name("conftest.py"))
+_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_conftest)
+DEFER_S, unit_of, work_order = _conftest.DEFER_S, _conftest.unit_of, _conftest.work_order
 
 
 def test_timed_modules_form_one_unit_and_split_modules_one_unit_a_test():
