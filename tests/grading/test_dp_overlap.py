@@ -220,7 +220,20 @@ def _phase(issued_ns: int, marks: dict) -> str:
 
 
 # --------------------------------------------------------------------------- test side
+#: per variant, the learner's method the given code calls first in a step (a stub raises there)
+FIRST_TASK = {"naive": ("NaiveDP", "finish_gradient_sync"),
+              "zero1": ("ShardedTrainer", "before_forward"),
+              "zero2": ("ShardedTrainer", "before_forward"), "zero3": ("Zero3", "before_forward")}
+
+
 def _numerics(n: int, variant: str) -> list:
+    """Every rank's run of ``variant`` (``_run_numerics``); an untouched stub of its first task
+    is told here, before any rank builds a model and its optimizer (``raise_if_stub``)."""
+    if variant in FIRST_TASK:
+        from workbook.grading.labs import load_lab
+        from workbook.grading.stubs import raise_if_stub
+        cls, method = FIRST_TASK[variant]
+        raise_if_stub(getattr(getattr(load_lab(LAB), cls), method))
     return on_ranks(n, _run_numerics, variant, timeout=TIMEOUT_S, key=("numerics", variant))
 
 

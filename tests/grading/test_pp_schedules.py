@@ -192,8 +192,9 @@ def test_predict_step_ms():
         raise AssertionError(copied)
     for preset, name, p, v, m, shape, itemsize, t_f, t_b, t_w in PREDICTION_CASES:
         link = make_link(preset, PREDICTION_FLOPS)
+        got = lab.predict_step_ms(link, name, p, v, m, shape, itemsize, t_f, t_b, t_w)  # first:
+        # a stub is told before the model reads PyTorch's order (importing its pipelining: seconds)
         model, mistakes = prediction_model(name, p, v, m, link, shape, itemsize, t_f, t_b, t_w)
-        got = lab.predict_step_ms(link, name, p, v, m, shape, itemsize, t_f, t_b, t_w)
         problem = judge_prediction(
             got, model, mistakes, what=f"the step of {name} (p={p}, v={v}, m={m})",
             terms="one transfer = the link's latency + the activation's bytes (rows x seq x "
@@ -269,8 +270,19 @@ def _reference(tag: str, cfg):
     return _REFERENCE[key]
 
 
+def _stub_first() -> None:
+    """The executor's ``step`` (a stub at the challenge level) or its ``forward_step`` (the base
+    step calls it first: every schedule starts with a forward) still the stub: told here, before
+    any rank reads PyTorch's order and builds its chunks (``workbook.grading.stubs``)."""
+    from workbook.grading.labs import load_lab
+    from workbook.grading.stubs import raise_if_stub
+    executor = load_lab(LAB).OverlappedChunkedExecutor
+    raise_if_stub(executor.step, executor.forward_step)
+
+
 def _check_numerics(name: str, n: int) -> None:
     n = graded_size(n, 2, 4)
+    _stub_first()
     per_rank = on_ranks(n, _run_numerics, name, timeout=TIMEOUT_S, key=("numerics", name, n))
     for tag, cfg in _configs():
         loss, grads = _reference(tag, _layers_for(cfg, n, RUNS[name]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import contextmanager
 
 import pytest
 
@@ -22,14 +23,38 @@ def flags(options: dict) -> list[str]:
     return [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
 
 
-def run_tiny(bench, tmp_path, lab: str, *argv) -> tuple[dict, dict]:
+def run_tiny(bench, tmp_path, lab: str, *argv, warm: bool = False) -> tuple[dict, dict]:
     """``bench.run_bench`` on ``argv`` with its traces, ``--json`` and ``--figure`` under
-    ``tmp_path``: the result, and the JSON file read back. The figure must have been written."""
+    ``tmp_path``: the result, and the JSON file read back. The figure must have been written.
+    ``warm``: the bench's ranks are the package's warm pool (``on_warm_ranks``), not fresh ones."""
     path = tmp_path / f"{lab}.json"
-    result = bench.run_bench(parse(bench, *argv, "--trace-dir", str(tmp_path / "traces"),
-                                   "--json", str(path), "--figure", str(tmp_path / "f.html")))
+    with on_warm_ranks(warm):
+        result = bench.run_bench(parse(bench, *argv, "--trace-dir", str(tmp_path / "traces"),
+                                       "--json", str(path), "--figure", str(tmp_path / "f.html")))
     assert (tmp_path / "f.html").stat().st_size > 1000
     return result, json.loads(path.read_text())
+
+
+@contextmanager
+def on_warm_ranks(warm: bool = True):
+    """Inside: ``workbook.runtime.launch.run`` (which a benchmark's ``measure`` calls to start its
+    ranks) runs on the shared warm pool of that size instead of starting fresh ranks (2-4
+    processes importing torch: 3-9 s here). What the bench computes on them is the same; the
+    command line still starts its own."""
+    from workbook.runtime import launch
+    fresh = launch.run
+    if not warm:
+        yield
+        return
+
+    def run(fn, world_size=2, *args, **kwargs):
+        kwargs.pop("master_port", None)
+        return fresh(fn, world_size, *args, **{**kwargs, "pool": True})
+    launch.run = run
+    try:
+        yield
+    finally:
+        launch.run = fresh
 
 
 def assert_cli_routes(capsys, lab: str, bad: list, says: str, options=(), usage_error=True) -> None:

@@ -19,7 +19,7 @@ from workbook.capstone import capstone_bench as bench
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("capstone_bench")
-    out, doc = run_tiny(bench, tmp, "capstone", "--quick", "--repeats", "1")
+    out, doc = run_tiny(bench, tmp, "capstone", "--quick", "--repeats", "1", warm=True)
     return out, doc
 
 

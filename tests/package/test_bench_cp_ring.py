@@ -17,7 +17,7 @@ TINY = ["--seq", "32,64", "--heads", "2", "--head-dim", "8", "--repeats", "1"]
 
 
 def test_bench_runs_end_to_end_on_two_ranks(tmp_path, capsys):
-    result, doc = run_tiny(bench, tmp_path, "cp_ring", *TINY)
+    result, doc = run_tiny(bench, tmp_path, "cp_ring", *TINY, warm=True)
     cases = ["32/contiguous", "32/zigzag", "64/contiguous", "64/zigzag"]
     assert doc["nproc"] == 2 and doc["options"]["seqs"] == [32, 64] and list(doc["balance"]) == cases
     for case, b in doc["balance"].items():

@@ -16,7 +16,7 @@ NAMES = ["naive", "bucketed@1KiB", "bucketed@64KiB", "zero1", "zero2", "zero3", 
 
 def test_bench_runs_end_to_end_on_two_ranks(tmp_path, capsys):
     result, doc = run_tiny(bench, tmp_path, "dp_overlap", *flags(TINY), "--buckets", "1KiB,64K",
-                           "--steps", "1")
+                           "--steps", "1", warm=True)
     assert list(doc["links"]) == list(bench.LINKS) and doc["options"]["names"] == NAMES
     for preset, r in doc["links"].items():
         assert preset in r["link_label"] and list(r["variants"]) == NAMES

@@ -26,7 +26,8 @@ def _one_f_one_b(p: int, m: int) -> list[list[tuple]]:
 
 
 def test_bench_runs_end_to_end_on_two_stages(tmp_path, capsys):
-    result, doc = run_tiny(bench, tmp_path, "pp_overlap", *flags(TINY), "--repeats", "1")
+    result, doc = run_tiny(bench, tmp_path, "pp_overlap", *flags(TINY), "--repeats", "1",
+                           warm=True)
     assert list(doc["links"]) == list(bench.LINKS) and doc["options"]["variants"] == NAMES
     assert doc["nproc"] == 2 and doc["oversubscribed"] is False
     m, p = TINY["micro_batches"], 2

@@ -1,5 +1,6 @@
 """``workbook bench pp_schedules`` (``workbook.pipeline_parallel.pp_schedules_bench``): one run on
-tiny shapes on the warm ranks writes every variant and field, and what it reads from the schedule
+tiny shapes on the warm ranks (the report's rank side, which the self-check's figures read too)
+writes every variant and field, and what it reads from the schedule
 or the link model holds whatever the load: no_comm moves nothing over the link, every other
 variant's link time is its busiest rank's transfers times one transfer, the peaks are the
 schedule's (ZB-H1's and ZBV's equal 1F1B's), every bubble and hidden share lies in its range, the
@@ -35,9 +36,22 @@ def _transfers(acts: list[list[tuple]], v: int, placement: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    return bench.measure(nproc=P, links=["dgx-h100"], repeats=1, warmup=0, pool=True,
-                         trace_dir=tmp_path_factory.mktemp("traces"), **TINY)
+def per_rank(tmp_path_factory):
+    """One run on 2 warm ranks serves both the bench's tests and the self-check's figures: the
+    report's rank side (``pp_schedules_report.run``: the bench's ``_rank_bench``, plus the
+    schedules played) with the bench's options, every variant, at the tiny size."""
+    from workbook.pipeline_parallel import pp_schedules_report as report
+    from workbook.runtime.launch import run
+    o = bench.options(nproc=P, links=[report.LINK], repeats=1, warmup=1, **TINY)
+    return o, run(report.run, P, str(tmp_path_factory.mktemp("traces")), "solutions", o,
+                  link=report.LINK, pool=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def result(per_rank):
+    """What ``bench.measure`` returns (and ``--json`` writes) for that run."""
+    o, results = per_rank
+    return bench.summarize(results, o)
 
 
 def test_every_variant_and_field_on_the_simulated_link(result, tmp_path):
@@ -126,13 +140,13 @@ def test_bad_options_fail_in_one_line(capsys, tmp_path):
         bench.measure(impl=str(tmp_path))                    # before any rank starts
 
 
-def test_the_self_checks_figures_name_every_schedule_beside_its_paper_figures():
+def test_the_self_checks_figures_name_every_schedule_beside_its_paper_figures(per_rank):
     """``workbook run pp_schedules`` (all checks passed) prints the lab's figures: the report's
-    rank side on 2 warm ranks, then its lines."""
+    rank side on 2 warm ranks (the run the bench's tests read), then its lines."""
     from workbook.pipeline_parallel import pp_schedules_report as report
-    from workbook.runtime.launch import run
-    results = run(report.run, report.WORLD_SIZE, None, "solutions",
-                  {**report.REPORT_OPTIONS, **TINY}, link=report.LINK, pool=True, timeout=120)
+    _, results = per_rank
+    assert len(results) == report.WORLD_SIZE
+    assert set(report.REPORT_OPTIONS["run"]) <= set(results[0]["schedules"])
     text = report.describe(results)
     for name in ("1f1b", "interleaved_v2", "zb_h1", "zbv"):
         line = next(ln for ln in text.splitlines() if ln.split()[:1] == [name])

@@ -252,16 +252,11 @@ def _check(o: dict, nproc: int, links: list, variants: list, repeats: int, warmu
         raise UsageError(PREFIX + "; ".join(problems))
 
 
-def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=None,
-            repeats: int = 3, warmup: int = 1, trace_dir=None, pool: bool = False,
-            **shape) -> dict:
-    """Run the benchmark on ``nproc`` fresh ranks (``pool``: the package's warm ones, for its
-    tests); return what ``--json`` writes (module docstring). ``shape``: any of ``DEFAULTS``; a
-    bad option raises ``UsageError`` (a ``SystemExit``, status 2, one line)."""
-    import torch
-
-    from workbook.pipeline_parallel.pp_schedules_figures import paper_rows, targets
-    from workbook.runtime import launch
+def options(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=None,
+            repeats: int = 3, warmup: int = 1, **shape) -> dict:
+    """The options the ranks run (``_rank_bench``'s ``o``: ``DEFAULTS`` with ``shape``, the
+    variants and the optimum's ``no_comm`` to ``run``), checked: a bad option raises
+    ``UsageError`` (a ``SystemExit``, status 2, one line), before any rank starts."""
     variants, links, o = list(VARIANTS if variants is None else variants), list(links), dict(DEFAULTS)
     unknown_options = set(shape) - set(o)
     o.update({k: v for k, v in shape.items() if k in o})
@@ -269,24 +264,43 @@ def measure(*, impl: str = "solutions", nproc: int = 2, links=LINKS, variants=No
     run = [*variants, *(["no_comm"] if "no_comm" not in variants else [])]   # the optimum's
     o.update(impl=impl, repeats=repeats, warmup=warmup, links=links, variants=variants, run=run)
     try:                                             # before any rank starts
-        lab = load_schedules_lab(impl)
+        load_schedules_lab(impl)
     except (FileNotFoundError, ValueError) as err:
         raise UsageError(PREFIX + str(err)) from None
+    return o
+
+
+def measure(*, nproc: int = 2, trace_dir=None, pool: bool = False, **kwargs) -> dict:
+    """Run the benchmark on ``nproc`` fresh ranks (``pool``: the package's warm ones, for its
+    tests); return what ``--json`` writes (module docstring). ``kwargs``: ``options``' (``impl``,
+    ``links``, ``variants``, ``repeats``, ``warmup``, any of ``DEFAULTS``)."""
+    from workbook.runtime import launch
+    o = options(nproc=nproc, **kwargs)
     with tempfile.TemporaryDirectory(prefix="pp-schedules-bench-") as tmp:
         results = launch.run(_rank_bench, nproc, o, str(trace_dir or tmp), timeout=3600,
-                             link=links[0], pool=pool)
-    m = o["micro_batches"]
+                             link=o["links"][0], pool=pool)
+    return summarize(results, o)
+
+
+def summarize(results: list[dict], o: dict) -> dict:
+    """What ``--json`` writes, from every rank's ``_rank_bench(o, ...)`` (or a result that holds
+    it, as ``pp_schedules_report.run``'s does): per link the variants' rows (``combine``) with
+    their paper side and the targets, the options, the schedules played."""
+    import torch
+
+    from workbook.pipeline_parallel.pp_schedules_figures import paper_rows, targets
+    lab, nproc, m, run = load_schedules_lab(o["impl"]), len(results), o["micro_batches"], o["run"]
     schedules = {name: variant_schedules(lab, name, nproc, m) for name in run}
     out = {}
-    for preset in links:
+    for preset in o["links"]:
         per = [r["links"][preset] for r in results]
         rows = {name: combine([q["variants"][name] for q in per]) for name in run}
         paper_rows(rows, schedules, nproc, m, per[0]["t_p2p_ms"])
+        mine = {name: rows[name] for name in o["variants"]}
         out[preset] = {"link_label": per[0]["link_label"], "link": per[0]["link"],
                        "activation_bytes": per[0]["activation_bytes"],
                        "t_p2p_ms": per[0]["t_p2p_ms"], "no_comm_step_ms": rows["no_comm"]["step_ms"],
-                       "variants": {name: rows[name] for name in variants},
-                       "targets": targets({name: rows[name] for name in variants})}
+                       "variants": mine, "targets": targets(mine)}
     cores = os.cpu_count() or 1
     try:
         load = os.getloadavg()
