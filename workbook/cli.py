@@ -144,8 +144,10 @@ def cmd_grade(args) -> int:
         return 0
     if args.csv:
         raise ValueError("--csv is the class table: use it with --class-dir")
+    # -p no:nbmake: the dev extra's notebook plugin costs 2-3 s of CPU to import (jsonschema
+    # compiles a URI grammar) in every grading process, and grading runs no notebook
     cmd = [sys.executable, "-m", "pytest", "-q",
-           "--impl", args.impl, "-p", "no:cacheprovider"]
+           "--impl", args.impl, "-p", "no:cacheprovider", "-p", "no:nbmake"]
     tests = repo_root() / "tests" / "grading"
     cmd += [str(tests / f"test_{lab}.py") for lab in args.lab] if args.lab else [str(tests)]
     if args.gradescope:
