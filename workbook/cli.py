@@ -140,12 +140,16 @@ def cmd_grade(args) -> int:
             raise ValueError("--class-dir grades each student's folder: leave out --impl and "
                              "--gradescope (the scores go to --csv)")
         grade_class(args.class_dir, args.csv or "scores.csv", args.lab, timeout=args.student_timeout,
-                    max_ranks=args.max_ranks)
+                    max_ranks=args.max_ranks, jobs=args.jobs)
         return 0
     if args.csv:
         raise ValueError("--csv is the class table: use it with --class-dir")
+    if args.jobs != 1:
+        raise ValueError("--jobs grades several students at once: use it with --class-dir")
+    # -p no:nbmake: the dev extra's notebook plugin costs 2-3 s of CPU to import (jsonschema
+    # compiles a URI grammar) in every grading process, and grading runs no notebook
     cmd = [sys.executable, "-m", "pytest", "-q",
-           "--impl", args.impl, "-p", "no:cacheprovider"]
+           "--impl", args.impl, "-p", "no:cacheprovider", "-p", "no:nbmake"]
     tests = repo_root() / "tests" / "grading"
     cmd += [str(tests / f"test_{lab}.py") for lab in args.lab] if args.lab else [str(tests)]
     if args.gradescope:
@@ -355,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --class-dir: the scores table (default scores.csv)")
     p.add_argument("--student-timeout", type=positive_seconds, default=600.0, metavar="S",
                    help="with --class-dir: seconds one student's grading may take (default 600)")
+    p.add_argument("--jobs", type=positive_count, default=1, metavar="N",
+                   help="with --class-dir: grade N students at once (default 1)")
     p.add_argument("--strict", action="store_true",
                    help="(the default now: exit 1 unless every test passes; kept for old scripts)")
     p.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")

@@ -31,6 +31,7 @@ missing tool (the message names the package to install).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -321,6 +322,41 @@ def stage(dest: Path, root: Path = ROOT, executed_dir: Path | None = None) -> li
     return nav
 
 
+@contextlib.contextmanager
+def _templates_compiled_once():
+    """nbconvert makes a new Jinja environment for every notebook it converts (two per lesson:
+    its HTML and its table of contents), and each compiled the same templates again: a fifth of
+    a build's CPU. While this is open, each exporter class keeps its compiled templates in a
+    Jinja bytecode cache in memory; Jinja checks each entry against its template's source (a
+    checksum), so a template that differs is compiled afresh."""
+    import jinja2
+    from nbconvert.exporters.templateexporter import TemplateExporter
+
+    class Compiled(jinja2.BytecodeCache):
+        def __init__(self):
+            self.code: dict[str, bytes] = {}
+
+        def load_bytecode(self, bucket):
+            if bucket.key in self.code:
+                bucket.bytecode_from_string(self.code[bucket.key])
+
+        def dump_bytecode(self, bucket):
+            self.code[bucket.key] = bucket.bytecode_to_string()
+
+    original, caches = TemplateExporter._create_environment, {}
+
+    def create_environment(exporter):
+        environment = original(exporter)
+        environment.bytecode_cache = caches.setdefault(type(exporter), Compiled())
+        return environment
+
+    TemplateExporter._create_environment = create_environment
+    try:
+        yield
+    finally:
+        TemplateExporter._create_environment = original
+
+
 def build(out: Path = DEFAULT_OUT, executed_dir: Path | None = None, quiet: bool = True) -> Path:
     """Build the site into ``out``: a new or empty folder, or an earlier build, which is replaced.
     Returns ``out``."""
@@ -365,7 +401,8 @@ def build(out: Path = DEFAULT_OUT, executed_dir: Path | None = None, quiet: bool
         try:
             cfg = load_config(str(CONFIG), docs_dir=str(src), site_dir=str(out), nav=nav)
             cfg.plugins["workbook-lesson-pages"] = _lesson_pages_plugin()
-            mkdocs_build(cfg)
+            with _templates_compiled_once():
+                mkdocs_build(cfg)
         except (Abort, ConfigurationError) as exc:
             raise RuntimeError(f"the site did not build: {exc}") from None
         finally:

@@ -2,12 +2,12 @@
 
 One folder per student; each is graded in a subprocess of its own, and a broken submission
 (missing files, a lab that hangs at import) gets a row with a note, never stops the run.
-The rank cap keeps it fast: collectives on one rank is the smallest lab there is.
+The rank cap keeps it fast: collectives on one rank is the smallest lab there is; the two
+students with files are graded at once (``--jobs 2``: collectives reads no measured time).
 """
 from __future__ import annotations
 
 import csv
-import os
 import shutil
 import subprocess
 import sys
@@ -35,7 +35,8 @@ def test_class_csv(tmp_path):
     out = tmp_path / "scores.csv"
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "workbook.cli", "grade", "--class-dir", str(root),
-                           "--lab", "collectives", "--csv", str(out), "--max-ranks", "1"],
+                           "--lab", "collectives", "--csv", str(out), "--max-ranks", "1",
+                           "--jobs", "2"],
                           cwd=ROOT, text=True, capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["student"]: r for r in csv.DictReader(out.open())}
@@ -49,6 +50,9 @@ def test_class_csv(tmp_path):
     assert "files found in labs/" in bob["notes"] and "not implemented yet" in bob["notes"]
     assert float(carol["total"]) == 0 and "missing collectives.py" in carol["notes"]
     assert "alice" in proc.stdout and f"total {full:g}/{full:g}" in proc.stdout
+    assert "2 at a time" in proc.stdout
+    lines = [line.split()[0] for line in proc.stdout.splitlines()[1:4]]
+    assert lines == ["alice", "bob", "carol"], proc.stdout          # in order, though graded at once
     kept = tmp_path / "scores-results"
     assert sorted(p.name for p in kept.iterdir()) == ["alice.json", "alice.log", "bob.json",
                                                       "bob.log"]
@@ -70,12 +74,15 @@ def test_a_hanging_submission_is_stopped(tmp_path):
     assert str(tmp_path / "work") not in left, left
 
 
-def test_usage_errors(tmp_path):
-    env = dict(os.environ)
+def test_usage_errors(tmp_path, capsys):
+    """Each a one-line error, exit status 2 (``workbook.cli.main`` in this process: the same
+    parser and messages as the command, without a Python started for each)."""
+    from workbook import cli
     for args, says in ((["--class-dir", str(tmp_path / "none")], "is not a folder"),
                        (["--class-dir", str(tmp_path), "--lab", "nope"], "unknown lab"),
                        (["--csv", str(tmp_path / "s.csv")], "use it with --class-dir"),
+                       (["--jobs", "2"], "use it with --class-dir"),
                        (["--max-ranks", "0"], "at least 1")):
-        proc = subprocess.run([sys.executable, "-m", "workbook.cli", "grade", *args], cwd=ROOT,
-                              text=True, capture_output=True, timeout=60, env=env)
-        assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
+        code = cli.main(["grade", *args])
+        err = capsys.readouterr().err
+        assert code == 2 and says in err, (args, err)

@@ -35,7 +35,8 @@ def run_grader(tmp_path, lab_source):
     (impl / "toy.py").write_text(lab_source)
     (tmp_path / "test_toy.py").write_text(GRADER_TESTS)
     results = tmp_path / "results.json"
-    out = subprocess.run([sys.executable, "-m", "pytest",
+    # -p no:nbmake: the dev extra's notebook plugin is 2-3 s of CPU to import, for nothing here
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:nbmake",
                           "-p", "no:cacheprovider", str(tmp_path / "test_toy.py"),
                           "--impl", str(impl), "--gradescope", str(results)],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)

@@ -16,9 +16,9 @@ on the path, no ``WORKBOOK_ROOT``. In it:
 A second, challenge-level release shows that a lab header edited to another level gets no other
 level's hints (that one test calls ``workbook.cli.main`` in this process, ``WORKBOOK_ROOT`` set).
 
-The self-check and the grading run at the same time (independent processes; the stubs' checks
-judge no measured time). Cost: about 40 s of wall time and 40 s of CPU on a 2-core machine with a
-load of 2-4, nearly all of it those two runs.
+The self-check and the grading run at the same time (independent processes, both started by one
+fixture; the stubs' checks judge no measured time). Cost: about 40 s of CPU, nearly all of it
+those two runs.
 """
 from __future__ import annotations
 
@@ -66,24 +66,29 @@ def folder(tmp_path_factory):
     return folder
 
 
-def _finished(cmd: list, folder: Path, timeout: float = 400) -> tuple[int, str]:
-    """``cmd`` run in the release as its learner would, to the end: (exit status, output)."""
-    proc = subprocess.Popen(cmd, cwd=folder, env=learner_env(folder), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, out
+class _Started:
+    """``cmd`` started in the release as its learner would; ``finished()`` waits for its end:
+    (exit status, output). Started in a fixture, so that the two long runs below (the stubs'
+    self-check, the public grading tests) run at the same time: neither judges measured time."""
 
+    def __init__(self, cmd: list, folder: Path):
+        self.proc = subprocess.Popen(cmd, cwd=folder, env=learner_env(folder),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.result = None
 
-@pytest.fixture(scope="module")
-def self_checked(folder):
-    """``workbook run`` of every lab on the release's stubs: (exit status, output). (Its own
-    test: each long run is one test's set-up, so no single test carries both.)"""
-    return _finished([sys.executable, "-m", "workbook.cli", "run", *LABS], folder)
+    def finished(self, timeout: float = 400) -> tuple[int, str]:
+        if self.result is None:
+            try:
+                out, _ = self.proc.communicate(timeout=timeout)
+            finally:
+                self.stop()
+            self.result = (self.proc.returncode, out)
+        return self.result
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 #: the labs whose public tests run here: the release's pytest, as its learner runs it, on three
@@ -93,14 +98,35 @@ PUBLIC_GRADED = ("collectives", "overlap_math", "pp_schedules")
 
 
 @pytest.fixture(scope="module")
-def graded(folder):
-    """The release's public tests by pytest, as its test command runs them: (exit status,
-    output, results.json)."""
+def started(folder):
+    """Both long runs, started at once: ``workbook run`` of every lab on the release's stubs,
+    and the release's public tests by pytest, as its test command runs them (``-p no:nbmake``:
+    the dev extra's notebook plugin is 2-3 s of CPU to import and grades nothing here)."""
     results = folder.parent / "results.json"
-    code, out = _finished([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--gradescope", str(results),
-                           *(f"tests/grading/test_{lab}.py" for lab in PUBLIC_GRADED)], folder)
-    return code, out, results
+    runs = {"self_check": _Started([sys.executable, "-m", "workbook.cli", "run", *LABS], folder),
+            "graded": _Started([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                "-p", "no:nbmake", "--gradescope", str(results),
+                                *(f"tests/grading/test_{lab}.py" for lab in PUBLIC_GRADED)],
+                               folder)}
+    try:
+        yield runs, results
+    finally:
+        for run in runs.values():
+            run.stop()
+
+
+@pytest.fixture(scope="module")
+def self_checked(started):
+    """``workbook run`` of every lab on the release's stubs: (exit status, output). (Its own
+    test: each long run is one test's set-up, so no single test carries both.)"""
+    return started[0]["self_check"].finished()
+
+
+@pytest.fixture(scope="module")
+def graded(started):
+    """The release's public tests by pytest: (exit status, output, results.json)."""
+    code, out = started[0]["graded"].finished()
+    return code, out, started[1]
 
 
 # --------------------------------------------------------------------------- workbook run

@@ -127,7 +127,10 @@ def _grade(root: Path, t0: float) -> dict:
     tests = [str(source / "tests" / "grading" / f"test_{lab}.py") for lab in labs]
     if (source / "tests" / "extra").is_dir():
         tests.append(str(source / "tests" / "extra"))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    # -p no:nbmake: where the dev extra is installed (an instructor's try of the zip), its
+    # notebook plugin would cost 2-3 s of CPU per run to import (jsonschema compiles a URI
+    # grammar) and grades nothing here; on Gradescope it is not installed and this is a no-op
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:nbmake",
            "--continue-on-collection-errors",             # a broken extra file spoils only itself
            "-p", "workbook.grading.limits", "-c", str(work / "pytest.ini"), "--rootdir", str(root),
            "--impl", str(work / "labs"), "--progress", str(progress),
