@@ -39,7 +39,7 @@ def grade(folder: str, test_file: str, junit: Path, timeout: float = 300) -> dic
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.pop("WORKBOOK_IMPL", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *_plugin_args(), "--impl", str(WRONG / folder),
+        [sys.executable, "-m", "pytest", "-p", "no:nbmake", *_plugin_args(), "--impl", str(WRONG / folder),
          str(GRADING / test_file), "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert junit.exists(), f"pytest did not run for {folder}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

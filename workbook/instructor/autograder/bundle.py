@@ -19,6 +19,7 @@ DEFAULT_TEST_TIMEOUT_S = 120.0   # one test; a run on ranks inside it also keeps
 DEFAULT_TIME_BUDGET_S = 540.0    # the whole run: 9 minutes, inside Gradescope's default 10
 RESERVE_S = 30.0                 # of the budget, kept for starting up and writing results.json
 KILL_GRACE_S = 20.0              # after its budget, the grading process is killed
+LIST_GRACE_S = 20.0              # ... unless it has not listed its tests yet: this much more for that
 VENV = "/opt/workbook-venv"
 ENV_ROOT = "AUTOGRADER_ROOT"
 ENV_PYTHON = "WORKBOOK_AUTOGRADER_PYTHON"
