@@ -22,8 +22,12 @@ against the schedule: two CPU ranks drift apart by a few hundred ms over a backw
 machine, and whichever rank is ahead then waits, however well its lab overlaps. Before
 measuring, the link is re-calibrated to the machine's current matmul rate (a busy machine slows
 compute and link alike). The structure is judged first (every all-reduce started asynchronously
-and waited on, most of them after other work), then the figure; a near miss is measured again
-(``workbook.grading.timing``: the policy every timing check shares).
+and waited on, most of them after other work, in the step and in the graded pass), then the
+figure; a near miss is measured again (``workbook.grading.timing``: the policy every timing check
+shares). The structure is read from program order (``CountGemms``), which does not depend on the
+stack's width: it is judged first on the same step of a stack of hidden size 64 (a second, on the
+untimed link), so that a stub or a structural mistake stops there, before the 2048-wide stack is
+drawn and trained; the measured run judges it again.
 """
 from __future__ import annotations
 

@@ -21,7 +21,10 @@ reduce-scatter collective where a ring replaces it.
 Overlap (fp32, 2 ranks, simulated ``dgx-h100`` link, ``pipelined+bulk``): structure first (every
 exchange and bulk collective started asynchronously, waited on only after compute was issued
 behind it), then the share of the link time hidden behind compute per pass, read from the trace,
-rank skew excused, a near miss measured again (``workbook.grading.timing``).
+rank skew excused, a near miss measured again (``workbook.grading.timing``). The structure is
+program order (``CountGemms``), the same at any width: it is judged first on the same step of a
+block of hidden size 64 (a second, on the untimed link), before the 2048-wide block is run, and
+the measured run judges it again.
 
 Numbers first: the pattern and the overlap of a variant earn nothing while the numerics of that
 variant fail, part by part (``workbook.grading.checks.numbers_first``; the numerics run is read
