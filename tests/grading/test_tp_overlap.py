@@ -161,7 +161,7 @@ def _block_step(lab, state) -> int:
     return middle
 
 
-def _phase_structure(ops, middle: int, phase: str) -> list:
+def _phase_structure(ops, middle: int, phase: str) -> tuple:
     """The link ops ``ops`` issued in ``phase`` (before or after ``middle``), and of them, per
     op name, ``[waited on at once, issued]`` (no GEMM between start and wait)."""
     mine = [r for r in ops if (r.issued_ns < middle) == (phase == "forward")]
