@@ -22,8 +22,12 @@ against the schedule: two CPU ranks drift apart by a few hundred ms over a backw
 machine, and whichever rank is ahead then waits, however well its lab overlaps. Before
 measuring, the link is re-calibrated to the machine's current matmul rate (a busy machine slows
 compute and link alike). The structure is judged first (every all-reduce started asynchronously
-and waited on, most of them after other work), then the figure; a near miss is measured again
-(``workbook.grading.timing``: the policy every timing check shares).
+and waited on, most of them after other work, in the step and in the graded pass), then the
+figure; a near miss is measured again (``workbook.grading.timing``: the policy every timing check
+shares). The structure is read from program order (``CountGemms``), which does not depend on the
+stack's width: it is judged first on the same step of a stack of hidden size 64 (a second, on the
+untimed link), so that a stub or a structural mistake stops there, before the 2048-wide stack is
+drawn and trained; the measured run judges it again.
 """
 from __future__ import annotations
 
@@ -330,8 +334,68 @@ def _numerics(kind: str) -> list[dict]:
     return out
 
 
+def _counted_step(lab, m, x, targets, step: int) -> dict:
+    """On one rank: ``lab.train_step`` (Domino, p=4) with its GEMMs counted (program order,
+    ``CountGemms``); the asynchronous all-reduces it issued, split into the forward and the
+    backward pass (from autograd's first backward op on), as the trace's phase ranges split them.
+    ``structure``: how many there were, never waited on, and waited on at once (no GEMM between
+    start and wait), in the step and in each pass."""
+    import time
+
+    from workbook import link
+
+    class CountGemmsNoteBackward(CountGemms):
+        """``CountGemms``, noting when autograd's backward ran its first op (``backward_ns``)."""
+        backward_ns = None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.backward_ns is None and torch._C._current_graph_task_id() != -1:
+                self.backward_ns = time.perf_counter_ns()
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    before = len(link.op_log())
+    with CountGemmsNoteBackward() as counting:           # program order: GEMMs between
+        lab.train_step(m, x, targets, variant="domino", p=4, step=step)
+    ops = [r for r in link.op_log()[before:] if r.op == "all_reduce" and r.async_op]
+
+    def counted(mine) -> dict:
+        at_once = [r for r in mine if waited_at_once(r)]   # no GEMM between start and wait
+        return {"async_ops": len(mine), "never_waited": sum(not r.first_wait_ns for r in mine),
+                "at_once": len(at_once), "at_once_ms": sum(r.modelled_ns for r in at_once) / 1e6,
+                "link_ms": sum(r.modelled_ns for r in mine) / 1e6}
+    started = counting.backward_ns or float("inf")
+    return {**counted(ops), "forward": counted([r for r in ops if r.issued_ns < started]),
+            "backward": counted([r for r in ops if r.issued_ns >= started])}
+
+
+def _structure_run() -> dict:
+    """On every rank: the overlap run's Domino step (2 layers, p=4, step 0) on a stack of hidden
+    size 64, on the simulated link at full speed (``untimed_link``: the structure is counted,
+    not timed), the schedule's structure of each pass (``_counted_step``). Program order does
+    not depend on the stack's width, so a structural mistake is named here in a second, before
+    the 2048-wide stack is drawn and trained twice; an answer that raises (a stub's "not
+    implemented yet", a handle never waited on) raises here, in the same call and with the same
+    keys."""
+    import torch.distributed as dist
+
+    from workbook import link
+    from workbook.grading.traffic_link import untimed_link
+    from workbook.model import ModelConfig
+    from workbook.runtime import ranks
+    lab = _lab()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    label = link.current_link().label
+    tiny = ModelConfig(hidden=64, heads=4, ffn_hidden=256, n_layers=2, seq_len=8,
+                       vocab_size=64, dtype="float32")
+    m = TPStack(tiny, rank, world, device=ranks.device())
+    with untimed_link():
+        structure = _counted_step(lab, m, *inputs(tiny, 4), step=0)
+    return {"rank": rank, "link": label, "structure": structure}
+
+
 def _overlap(trace_dir: str) -> dict:
-    """On every rank: one profiled Domino step (p=4) after a warm-up; overlap per pass."""
+    """On every rank: one profiled Domino step (p=4) after a warm-up; overlap per pass (the
+    structure run, ``_structure_run``, came first: a stub or a structural mistake stops there)."""
     import torch.distributed as dist
     from workbook import link, trace
     from workbook.model import ModelConfig
@@ -339,13 +403,6 @@ def _overlap(trace_dir: str) -> dict:
     from workbook.trace.capture import rank_trace
     lab = _lab()
     rank, world = dist.get_rank(), dist.get_world_size()
-    # the same step on a stack of hidden size 64 first: an answer that raises (a stub's "not
-    # implemented yet", a handle never waited on) raises there, in the same call and with the
-    # same keys (2 layers, p=4, step 0), without first drawing the 2048-wide stack (3-7 s)
-    tiny = ModelConfig(hidden=64, heads=4, ffn_hidden=256, n_layers=2, seq_len=8,
-                       vocab_size=64, dtype="float32")
-    lab.train_step(TPStack(tiny, rank, world, device=ranks.device()), *inputs(tiny, 4),
-                   variant="domino", p=4, step=0)
     recalibrate(LINK)            # the machine's matmul rate now: a busy machine slows compute
     H = 2048                     # compute comfortably covers the modelled transfers
     cfg = ModelConfig(hidden=H, heads=16, ffn_hidden=4 * H, n_layers=2, seq_len=128,
@@ -355,16 +412,10 @@ def _overlap(trace_dir: str) -> dict:
     lab.train_step(m, x, targets, variant="domino", p=4, step=0)
     m.zero_grad()
     dist.barrier()
-    before = len(link.op_log())
-    with rank_trace(trace_dir, lab="domino"), CountGemms():    # program order: GEMMs between
-        lab.train_step(m, x, targets, variant="domino", p=4, step=1)
-    ops = [r for r in link.op_log()[before:] if r.op == "all_reduce" and r.async_op]
-    at_once = [r for r in ops if waited_at_once(r)]          # no GEMM between start and wait
+    with rank_trace(trace_dir, lab="domino"):
+        structure = _counted_step(lab, m, x, targets, step=1)
     t = trace.load_trace(os.path.join(trace_dir, f"rank{rank}.trace.json"))
-    result = {"rank": rank, "link": link.current_link().label, "structure": {
-        "async_ops": len(ops), "never_waited": sum(not r.first_wait_ns for r in ops),
-        "at_once_ms": sum(r.modelled_ns for r in at_once) / 1e6,
-        "link_ms": sum(r.modelled_ns for r in ops) / 1e6}}
+    result = {"rank": rank, "link": link.current_link().label, "structure": structure}
     for phase in ("forward", "backward"):
         o = trace.overlap(t, within=phase)
         result[phase] = {"pct": o.overlap_pct_ex_skew, "comm_ms": o.comm_us / 1e3,
@@ -383,9 +434,19 @@ def _check_numerics(kind: str, world: int) -> None:
                     raise AssertionError(case["error"])
 
 
-def _structure(r: dict) -> str | None:
+ADVICE = {
+    "forward": "start each chunk's all-reduce with async_op=True and wait for it only in the "
+               "prepare step of the same chunk's next sublayer, after other chunks computed",
+    "backward": "AsyncCopyToTP's backward must only start the all-reduce, and WaitInBackward "
+                "must be created (in the forward) before another chunk's compute: the schedule "
+                "prepares unit n+1 (norm + WaitInBackward) before computing unit n, so that "
+                "autograd runs that compute between the start and the wait"}
+
+
+def _structure(r: dict, phase: str) -> str | None:
     """The schedule's structure, from the link's op log: whatever the clock said, a Domino step
-    starts its all-reduces asynchronously, waits on each one, and computes before most waits."""
+    starts its all-reduces asynchronously, waits on each one, and computes before most waits,
+    in the step and in the graded pass (``phase``)."""
     st = r["structure"]
     where = f"rank {r['rank']}: Domino (p=4, 2 layers, 2 ranks, {r['link']})"
     if st["async_ops"] == 0:
@@ -396,21 +457,38 @@ def _structure(r: dict) -> str | None:
                 f"never waited on; until work.wait() returns the sum need not be there: keep each "
                 f"handle (the registry) and wait where the result is needed")
     if st["at_once_ms"] > 0.5 * st["link_ms"]:
-        return (f"{where}: {st['at_once_ms']:.0f} of {st['link_ms']:.0f} ms of all-reduce transfer "
-                f"was waited on right after it started, before any other work, so it could not "
-                f"be hidden behind compute; wait for a chunk's all-reduce only after another "
-                f"chunk has computed")
+        return (f"{where}: the transfer of {st['at_once']} of the step's {st['async_ops']} "
+                f"all-reduces was waited on right after it started, before any other work, so it "
+                f"could not be hidden behind compute; wait for a chunk's all-reduce only after "
+                f"another chunk has computed")
+    ph = st[phase]
+    if ph["at_once_ms"] > 0.5 * ph["link_ms"]:
+        return (f"{where}: in the {phase} pass the transfer of {ph['at_once']} of its "
+                f"{ph['async_ops']} all-reduces was waited on right after it started, before any "
+                f"other work, so it could not be hidden behind compute (at least "
+                f"{LIMITS[phase]:.0f}% of the all-reduce time issued in the {phase} pass is to "
+                f"be); {ADVICE[phase]}")
     return None
 
 
+def _any_structure(r: dict) -> str | None:
+    return _structure(r, "forward") or _structure(r, "backward")
+
+
 def _check_overlap(phase: str, tmp_root) -> None:
-    # one measured Domino step on 2 ranks; measured again after a near miss (the policy of
+    # structure first, on a small stack (program order, counted: a second); then one measured
+    # Domino step on 2 ranks; measured again after a near miss (the policy of
     # workbook.grading.timing), never after a structural mistake or a clear miss
-    res = measure_overlap(_overlap, tmp_root, limits=LIMITS, structure=_structure, link=LINK,
+    n, = world_sizes(2)
+    for r in on_ranks(n, _structure_run, link=LINK, timeout=TIMEOUT_S, key="structure"):
+        problem = _structure(r, phase)
+        if problem:
+            raise AssertionError(problem)
+    res = measure_overlap(_overlap, tmp_root, limits=LIMITS, structure=_any_structure, link=LINK,
                           timeout=TIMEOUT_S)
     limit = LIMITS[phase]
     for r in res:
-        problem = _structure(r)
+        problem = _structure(r, phase)
         if problem:
             raise AssertionError(problem)
         if r[phase]["count"] == 0 or not r[phase]["comm_ms"]:
@@ -426,13 +504,7 @@ def _check_overlap(phase: str, tmp_root) -> None:
         details=f"{per_rank}; {o['count']} all-reduces, {o['comm_ms']:.0f} ms of modelled transfer "
                 f"on rank {worst['rank']}, {o['exposed_ms']:.0f} ms exposed, not counting "
                 f"{o['skew_ms']:.0f} ms while the other rank was late",
-        advice="start each chunk's all-reduce with async_op=True and wait for it only in the "
-               "prepare step of the same chunk's next sublayer, after other chunks computed"
-               if phase == "forward" else
-               "AsyncCopyToTP's backward must only start the all-reduce, and WaitInBackward "
-               "must be created (in the forward) before another chunk's compute: the schedule "
-               "prepares unit n+1 (norm + WaitInBackward) before computing unit n, so that "
-               "autograd runs that compute between the start and the wait")
+        advice=ADVICE[phase])
 
 
 trace_root = trace_root_fixture("domino_traces")

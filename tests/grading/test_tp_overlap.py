@@ -21,7 +21,10 @@ reduce-scatter collective where a ring replaces it.
 Overlap (fp32, 2 ranks, simulated ``dgx-h100`` link, ``pipelined+bulk``): structure first (every
 exchange and bulk collective started asynchronously, waited on only after compute was issued
 behind it), then the share of the link time hidden behind compute per pass, read from the trace,
-rank skew excused, a near miss measured again (``workbook.grading.timing``).
+rank skew excused, a near miss measured again (``workbook.grading.timing``). The structure is
+program order (``CountGemms``), the same at any width: it is judged first on the same step of a
+block of hidden size 64 (a second, on the untimed link), before the 2048-wide block is run, and
+the measured run judges it again.
 
 Numbers first: the pattern and the overlap of a variant earn nothing while the numerics of that
 variant fail, part by part (``workbook.grading.checks.numbers_first``; the numerics run is read
@@ -127,45 +130,91 @@ def _run_all() -> dict:
     return to_cpu(run_every_part(load_lab(LAB), _run_ring_ops, PARTS))
 
 
+def _block_state(lab, H: int, seq_len: int):
+    """This rank's ``pipelined+bulk`` block of hidden size ``H`` (fp32), its input sequence
+    shard and output gradient ``[2, seq_len / n, H]``, after one warm-up step."""
+    import torch.distributed as dist
+
+    from workbook.model import ModelConfig
+    from workbook.runtime.launch import device
+    dev, n = device(), dist.get_world_size()
+    cfg = ModelConfig(hidden=H, heads=16 if H >= 1024 else 4, ffn_hidden=4 * H, n_layers=1,
+                      seq_len=seq_len, vocab_size=256, dtype="float32")
+    block = lab.OverlapBlock(cfg, 0, dev, lab.VARIANTS["pipelined+bulk"])
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randn(2, cfg.seq_len // n, H, generator=g).to(dev).requires_grad_()
+    dy = torch.randn(2, cfg.seq_len // n, H, generator=g).to(dev)
+    block(x, step=0).backward(dy)                                           # warm-up
+    block.zero_grad(set_to_none=True)
+    return block, x, dy
+
+
+def _block_step(lab, state) -> int:
+    """One step of the block (``record_function`` forward, then backward); returns
+    ``time.perf_counter_ns()`` between the passes (a link op issued before it is the forward's)."""
+    block, x, dy = state
+    with torch.profiler.record_function("forward"):
+        y = block(x, step=1)
+    middle = time.perf_counter_ns()
+    with torch.profiler.record_function("backward"):
+        y.backward(dy)
+    return middle
+
+
+def _phase_structure(ops, middle: int, phase: str) -> tuple:
+    """The link ops ``ops`` issued in ``phase`` (before or after ``middle``), and of them, per
+    op name, ``[waited on at once, issued]`` (no GEMM between start and wait)."""
+    mine = [r for r in ops if (r.issued_ns < middle) == (phase == "forward")]
+    at_once = [r for r in mine if waited_at_once(r)]     # no GEMM between start and wait
+    return mine, {op: [sum(r.op == op for r in at_once), sum(r.op == op for r in mine)]
+                  for op in sorted({r.op for r in at_once})}
+
+
+def _structure_run() -> dict:
+    """On every rank: the overlap run's ``pipelined+bulk`` block step on a block of hidden size
+    64, its GEMMs counted, on the simulated link at full speed (``untimed_link``: the structure
+    is counted, not timed): the ops each pass issued, those never waited on and those waited on
+    at once. Program order does not depend on the block's width, so a structural mistake is
+    named here in a second, before the 2048-wide block is run."""
+    import torch.distributed as dist
+
+    from workbook import link
+    from workbook.grading.labs import load_lab
+    from workbook.grading.model_checks import rank_error
+    from workbook.grading.traffic_link import untimed_link
+    from workbook.link.program_order import CountGemms
+    rank = dist.get_rank()
+    result = {"rank": rank, "link": link.current_link().label}
+    try:
+        lab = load_lab(LAB)
+        with untimed_link():
+            state = _block_state(lab, 64, 16)
+            before = len(link.op_log())
+            with CountGemms():
+                middle = _block_step(lab, state)
+            ops = [r for r in link.op_log()[before:] if r.op != "barrier"]
+    except NotImplementedError as exc:
+        return {"rank": rank, "not_implemented": str(exc)}
+    except Exception as exc:             # noqa: BLE001 - reported by the judge
+        return {"rank": rank, **rank_error(exc)}
+    for phase in ("forward", "backward"):
+        mine, at_once = _phase_structure(ops, middle, phase)
+        result[phase] = {"ops": sorted({r.op for r in mine}), "at_once": at_once,
+                         "never_waited": sorted({r.op for r in mine if not r.first_wait_ns})}
+    return result
+
+
 def _overlap(trace_dir: str) -> dict:
     """On every rank: one profiled ``pipelined+bulk`` block step (after a warm-up) on a model
     whose GEMMs are large enough to cover most ring steps; the link's ops per pass."""
-    from workbook.model import ModelConfig
-    from workbook.runtime.launch import device
-    dev, H = device(), 2048
-
-    def prepare(lab):
-        import torch.distributed as dist
-        n = dist.get_world_size()
-        cfg = ModelConfig(hidden=H, heads=16, ffn_hidden=4 * H, n_layers=1, seq_len=512,
-                          vocab_size=256, dtype="float32")
-        block = lab.OverlapBlock(cfg, 0, dev, lab.VARIANTS["pipelined+bulk"])
-        g = torch.Generator().manual_seed(dist.get_rank())
-        x = torch.randn(2, cfg.seq_len // n, H, generator=g).to(dev).requires_grad_()
-        dy = torch.randn(2, cfg.seq_len // n, H, generator=g).to(dev)
-        block(x, step=0).backward(dy)                                       # warm-up
-        block.zero_grad(set_to_none=True)
-        return block, x, dy
-
-    def step(lab, state):
-        block, x, dy = state
-        with torch.profiler.record_function("forward"):
-            y = block(x, step=1)
-        middle = time.perf_counter_ns()
-        with torch.profiler.record_function("backward"):
-            y.backward(dy)
-        return middle
-
-    run = profile_lab_step(LAB, LINK, trace_dir, prepare, step)
+    run = profile_lab_step(LAB, LINK, trace_dir, lambda lab: _block_state(lab, 2048, 512),
+                           _block_step)
     if isinstance(run, dict):
         return run
     result = run.head()
     for phase in ("forward", "backward"):
-        mine = [r for r in run.link_ops if (r.issued_ns < run.marks) == (phase == "forward")]
-        at_once = [r for r in mine if waited_at_once(r)]     # no GEMM between start and wait
-        result[phase] = {**run.figures(phase, mine),
-                         "at_once": {op: sum(r.modelled_ns for r in at_once if r.op == op) / 1e6
-                                     for op in sorted({r.op for r in at_once})}}
+        mine, at_once = _phase_structure(run.link_ops, run.marks, phase)
+        result[phase] = {**run.figures(phase, mine), "at_once": at_once}
     return result
 
 
@@ -420,7 +469,7 @@ def _structure(r: dict, phases=("forward", "backward")) -> str | None:
             return (f"{where}: {', '.join(p['never_waited'])} issued in the {phase} pass never "
                     f"waited on: until work.wait() returns, a received buffer need not be there")
         if p["at_once"]:
-            ops = ", ".join(f"{op} ({ms:.0f} ms of transfer)" for op, ms in p["at_once"].items())
+            ops = ", ".join(f"{op} ({k} of {n})" for op, (k, n) in p["at_once"].items())
             advice = ("start the exchange, then run the GEMM of the shard you hold, and wait "
                       "only after it") if phase == "forward" else \
                      ("bulk overlap: wait for the input's all-gather only after the dgrad GEMM, "
@@ -442,6 +491,19 @@ OVERLAP = OverlapCheck(
                         "GEMM"})
 
 
+def _check_structure_first(phases) -> None:
+    """The structure of ``phases`` on a small block (``_structure_run``: program order, counted
+    in a second), before the overlap run measures the large one: a rank that raised, then the
+    first structural mistake (``_structure``), fails here."""
+    n, = world_sizes(2)
+    res = on_ranks(n, _structure_run, link=LINK, timeout=TIMEOUT_S, key="structure")
+    for r in res:
+        raise_if_failed(r, r["rank"], len(res), OVERLAP.failed)
+        problem = _structure(r, phases)
+        if problem:
+            raise AssertionError(problem)
+
+
 trace_root = trace_root_fixture("tp_overlap_traces")
 OVERLAP_TASKS = ("exchange", "ring_all_gather_matmul", "ring_matmul_reduce_scatter",
                  "ColumnParallelMatmul", "RowParallelMatmul")
@@ -451,8 +513,9 @@ OVERLAP_TASKS = ("exchange", "ring_all_gather_matmul", "ring_matmul_reduce_scatt
 @pytest.mark.tasks(*OVERLAP_TASKS)
 def test_forward_communication_hidden(trace_root):
     """At least 50% of the forward ring exchanges' link time hidden behind the GEMMs, once the
-    numbers of pipelined+bulk are right."""
+    numbers of pipelined+bulk are right (structure first, on a small block)."""
     _numbers_first("pipelined+bulk")
+    _check_structure_first(("forward",))
     OVERLAP.check(trace_root, ("forward",))
 
 
@@ -460,6 +523,7 @@ def test_forward_communication_hidden(trace_root):
 @pytest.mark.tasks(*OVERLAP_TASKS)
 def test_backward_communication_hidden(trace_root):
     """At least 50% of the backward pass's link time (ring and bulk) hidden behind the GEMMs,
-    once the numbers of pipelined+bulk are right."""
+    once the numbers of pipelined+bulk are right (structure first, on a small block)."""
     _numbers_first("pipelined+bulk")
+    _check_structure_first(("backward",))
     OVERLAP.check(trace_root, ("backward",))

@@ -5,15 +5,19 @@ tests/grading/wrong/domino_*/ fails exactly the tests it should, with a message 
   on the schedule's structure (read from the link's op log), before any figure;
 * never_waits: WaitInBackward forgets to wait -> the registry names the leaked handle;
 * wrong_chunk_order: chunks joined in reverse -> the numerics tests (final hidden states);
-* early_backward_wait: no lookahead, the backward waits right after starting -> backward overlap;
+* early_backward_wait: no lookahead, the backward waits right after starting -> backward overlap,
+  on the backward pass's structure (every all-reduce of it waited on at once);
 * schedule_ignores_lookahead: ``schedule`` prepares each unit right before its compute -> the
-  schedule tests (instant, naming the event that came too early), then backward overlap;
+  schedule tests (instant, naming the event that came too early), then backward overlap, on the
+  backward pass's structure;
 * prediction_payload_bytes: ``predict_exposed_ms`` prices the all-reduce with the payload bytes
   -> the prediction test, naming the bus bytes (on 4 ranks; on 2 the factor is 1).
 
 Each folder is graded through the self-check engine in this process (the grader's own checks
 and messages, on the warm rank pools), one after the other: the overlap tests
 measure wall-clock time, and several graders at once on a small machine would disturb each other.
+The three folders caught on structure are caught by the grader's structure run (the same step on
+a stack of hidden size 64, program order counted), in a second each, without the measured run.
 
 Each folder is graded on the checks it must fail only (``wrong_labs.grade_where_caught``): a
 full grading fails exactly those (``WORKBOOK_WRONG_LABS_ALL_CHECKS=1`` grades every check, and

@@ -8,9 +8,10 @@ tests/grading/wrong/tp_overlap_*/ fails exactly the tests it should, with a mess
   ring op test decodes which rank's partial product of which shard was summed; the numerics;
   numbers first, the pattern and both overlap tests, though its traffic and overlap are right;
 * waits_before_gemm: each exchange waited on before the GEMM it should hide behind -> both
-  overlap tests (the ring serves the forward and the row-parallel backward), on structure;
+  overlap tests (the ring serves the forward and the row-parallel backward), on structure (the
+  grader's structure run on a block of hidden size 64: no measured run);
 * bulk_gather_waited_at_once: the column-parallel backward waits for the input's all-gather
-  at once -> the backward overlap test only, on structure;
+  at once -> the backward overlap test only, on structure (likewise);
 * prediction_no_latency: the prediction of the ring's exposed communication leaves out the
   link's latency -> the prediction test only, its message naming the latency term.
 

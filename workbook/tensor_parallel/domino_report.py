@@ -33,7 +33,11 @@ HIDDEN, HEADS, BATCH, SEQ, VOCAB, P, STEPS = 768, 12, 8, 256, 1024, 4, 2
 STEPS_NAMED = {"vanilla_tp": "vanilla TP", "domino": "Domino"}
 
 
-def run(trace_dir=None, impl=None) -> dict:
+def run(trace_dir=None, impl=None, *, model: dict | None = None, batch: int = BATCH,
+        steps: int = STEPS) -> dict:
+    """On every rank: the comparison (module docstring). ``model`` (``MODEL``'s keys), ``batch``
+    and ``steps`` (timed steps per build, at least 1) change the run's size; the figures say
+    what ran."""
     import torch.distributed as dist
     from torch.profiler import record_function
 
@@ -49,9 +53,9 @@ def run(trace_dir=None, impl=None) -> dict:
     lab = load_lab("domino", impl)
     rank, world = dist.get_rank(), dist.get_world_size()
     local_flops = recalibrate()
-    cfg = ModelConfig(hidden=HIDDEN, heads=HEADS, ffn_hidden=4 * HIDDEN, n_layers=2, seq_len=SEQ,
-                      vocab_size=VOCAB, dtype="float32")
-    x, targets = inputs(cfg, BATCH)
+    model = dict(MODEL if model is None else model)
+    cfg = ModelConfig(**model, dtype="float32")
+    x, targets = inputs(cfg, batch)
     m = TPStack(cfg, rank, world, device=device())          # the batch is on it too
 
     def step(variant, k):
@@ -69,7 +73,7 @@ def run(trace_dir=None, impl=None) -> dict:
         m.zero_grad()
 
     times = {v: [] for v in STEPS_NAMED}
-    for k in range(STEPS + 1):                       # step 0 warms up; the variants take turns
+    for k in range(steps + 1):                       # step 0 warms up; the variants take turns
         for variant in STEPS_NAMED:
             dist.barrier()
             t0 = time.perf_counter()
@@ -78,14 +82,15 @@ def run(trace_dir=None, impl=None) -> dict:
                 times[variant].append((time.perf_counter() - t0) * 1e3)
     out = {"rank": rank, "link": link.current_link().label if link.current_link() else "no link model",
            "step_ms": {v: min(t) for v, t in times.items()},
-           "trace_dir": trace_dir and str(trace_dir)}
+           "trace_dir": trace_dir and str(trace_dir), "model": model, "batch": batch,
+           "steps": steps}
     with trace_folder(trace_dir, "domino") as folder:          # None: a temporary one
         dist.barrier()
         with rank_trace(folder, lab="domino"):
             for k, variant in enumerate(STEPS_NAMED):              # ProfilerStep#k: one build
                 dist.barrier()                                     # between steps: in neither
                 with traced_step(k):
-                    step(variant, STEPS + 1)
+                    step(variant, steps + 1)
         t = trace.load_trace(folder / f"rank{rank}.trace.json")
         for variant, name in STEPS_NAMED.items():
             for phase in ("forward", "backward", "step"):
@@ -93,7 +98,7 @@ def run(trace_dir=None, impl=None) -> dict:
                 out[f"{variant}_{phase}"] = {"comm_ms": o.comm_us / 1e3,
                                              "hidden_ms": o.overlap_us / 1e3,
                                              "skew_ms": o.skew_us / 1e3}
-    out["prediction"] = _prediction(lab, link.current_link(), world)
+    out["prediction"] = _prediction(lab, link.current_link(), world, model, batch)
     out["local_flops"] = local_flops
     return out
 
@@ -102,17 +107,17 @@ MODEL = dict(hidden=HIDDEN, heads=HEADS, ffn_hidden=4 * HIDDEN, n_layers=2, seq_
              vocab_size=VOCAB)
 
 
-def _prediction(lab, lk, world: int) -> dict:
+def _prediction(lab, lk, world: int, model: dict = MODEL, batch: int = BATCH) -> dict:
     """The lab's predicted exposed ms of this run's Domino step, the model's (the planner on the
     lab's own schedule), and whether the setting is compute-bound; None where one is missing."""
     from workbook.tensor_parallel import domino_plan
     out = {"predicted": None, "model": None, "compute_bound": None}
     if lk is None:
         return out
-    settings = dict(model=MODEL, batch=BATCH, p=P, flops_rate=lk.local_flops, lk=lk, ranks=world)
+    settings = dict(model=model, batch=batch, p=P, flops_rate=lk.local_flops, lk=lk, ranks=world)
     shortest, one = domino_plan.chunk_seconds(**settings)
     out["compute_bound"], out["shortest_ms"], out["all_reduce_ms"] = shortest > one, shortest * 1e3, one * 1e3
-    for key, figure in (("predicted", lambda: lab.predict_exposed_ms(lk, MODEL, BATCH, P, world, True)),
+    for key, figure in (("predicted", lambda: lab.predict_exposed_ms(lk, model, batch, P, world, True)),
                         ("model", lambda: domino_plan.exposed_ms(lab.schedule, **settings))):
         try:
             value = figure()
@@ -153,9 +158,11 @@ def _prediction_lines(results: list[dict]) -> list[str]:
 def describe(results: list[dict]) -> str:
     from workbook.measure.output import where_measured
     first = results[0]
+    model, batch, steps = first.get("model", MODEL), first.get("batch", BATCH), \
+        first.get("steps", STEPS)
     slow = {v: max(r["step_ms"][v] for r in results) for v in STEPS_NAMED}
-    lines = [f"domino figures: {len(results)} ranks, GPT hidden {HIDDEN}, 2 layers, batch "
-             f"{BATCH} x {SEQ}, fp32, Domino p={P}; "
+    lines = [f"domino figures: {len(results)} ranks, GPT hidden {model['hidden']}, "
+             f"{model['n_layers']} layers, batch {batch} x {model['seq_len']}, fp32, Domino p={P}; "
              + where_measured(first["link"]),
              f"{'':<12}{'step ms':>9}{'fwd hidden (HTA)':>18}{'fwd w/o skew':>14}"
              f"{'bwd hidden (HTA)':>18}{'bwd w/o skew':>14}{'step hidden (HTA)':>19}"]
@@ -168,7 +175,7 @@ def describe(results: list[dict]) -> str:
     comm = max(r["vanilla_tp_forward"]["comm_ms"] + r["vanilla_tp_backward"]["comm_ms"]
                for r in results)
     lines.append(f"speed-up of Domino over vanilla TP: {slow['vanilla_tp'] / slow['domino']:.2f}x "
-                 f"(step time, slowest rank, fastest of {STEPS}; vanilla TP spends {comm:.0f} ms "
+                 f"(step time, slowest rank, fastest of {steps}; vanilla TP spends {comm:.0f} ms "
                  f"per step in all-reduces; simulated, not measured hardware)")
     lines.append("hidden %: share of the pass's (the step's) all-reduce time the ranks computed "
                  "through, all ranks together; w/o skew also counts the time a late peer held it up")
