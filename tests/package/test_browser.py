@@ -212,7 +212,11 @@ class Browser:
              f"--LabApp.workspaces_dir={self.tmp / 'ws'}", "--ServerApp.port_retries=0",
              "--allow-root",                                   # CI containers run as root
              "--LabApp.extension_manager=readonly",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+             # no language servers to look for (jupyter_lsp's search took seconds of the start)
+             # nor terminals: the lessons use neither
+             '--ServerApp.jpserver_extensions={"jupyter_lsp": False, '
+             '"jupyter_server_terminals": False}'],
             cwd=self.work, env=env, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
         _wait_until("JupyterLab to answer", lambda: self.api("GET", "status", timeout=5), 90)
