@@ -29,11 +29,11 @@ from workbook import link, trace
 from workbook.trace import colors
 from workbook.tensor_parallel import domino_measure, domino_plan
 from workbook.grading.labs import load_lab
-from workbook.lessons import (check_your_work, on_ranks, reference_lab, show_in,
+from workbook.lessons import (check_your_work, on_ranks, reference_lab, show_in, sized,
                              yours_reference_or_recorded)
 from workbook.tensor_parallel.layer_stack import stages
 
-RANKS, PRESET, P, BATCH = 2, "dgx-h100", 4, 16
+RANKS, PRESET, P, BATCH = 2, "dgx-h100", 4, sized(16, in_tests=8)
 MODEL = dict(hidden=1024, heads=16, ffn_hidden=4096, n_layers=1, seq_len=128, vocab_size=1024)
 torch.set_num_threads(1)                      # a rank computes on one core: calibrate like one
 LOCAL = link.measure_local_flops()
@@ -386,9 +386,9 @@ fig
 #
 # ## Explore
 #
-# Change the chunk count, the link and the model width (batch 16 × 128 tokens, one block). The
-# plan redraws at once. The button runs the real thing for those settings on 2 ranks (widths up
-# to 2048; each step takes seconds) and draws the measured timeline beneath.
+# Change the chunk count, the link and the model width (the batch above × 128 tokens, one
+# block). The plan redraws at once. The button runs the real thing for those settings on 2 ranks
+# (widths up to 2048; each step takes seconds) and draws the measured timeline beneath.
 
 # %%
 p_w = W.ToggleButtons(options=[2, 4, 8], value=P, description="chunks p")

@@ -41,7 +41,7 @@ from plotly.subplots import make_subplots
 from workbook import link, trace
 from workbook.tensor_parallel import tp_overlap_bench
 from workbook.trace import colors
-from workbook.lessons import check_your_work, on_ranks, show_in, yours_reference_or_recorded
+from workbook.lessons import check_your_work, on_ranks, show_in, sized, yours_reference_or_recorded
 from workbook.measure.output import where_measured
 
 PRESET = "dgx-h100"
@@ -366,9 +366,9 @@ bulk_figure()
 # `workbook bench tp_overlap` trains one model with every variant of the lab, plus Domino (lab 6)
 # and the no-communication optimum, on the same ranks and simulated link. It reads each step's
 # hidden and exposed link time from the trace. The run below is small, so that it takes seconds
-# (1 layer, hidden 512, the median of 3 steps per variant). Expect noise: re-run it, or see the
-# README for the full-size table. It uses your lab if every variant runs, and the reference
-# otherwise.
+# (1 layer, hidden 512, the median of `STEPS` steps per variant after `WARMUP` unmeasured ones).
+# Expect noise: re-run it, or see the README for the full-size table. It uses your lab if every
+# variant runs, and the reference otherwise.
 
 # %%
 def block_runs(impl):
@@ -398,7 +398,9 @@ if bench_impl == "labs":
         bench_impl = "solutions"
         print(f"Your OverlapBlock does not run every variant yet ({problem}): benchmarking the REFERENCE.")
 SMALL = dict(hidden=512, heads=8, ffn=2048, layers=1, batch=4, seq=256, vocab=512, p=4)
-bench = tp_overlap_bench.measure(impl=bench_impl, nproc=2, link=PRESET, steps=3, warmup=1, **SMALL)
+STEPS, WARMUP = sized((3, 1), in_tests=(1, 0))      # measured and warm-up steps per variant
+bench = tp_overlap_bench.measure(impl=bench_impl, nproc=2, link=PRESET, steps=STEPS, warmup=WARMUP,
+                                 **SMALL)
 print(tp_overlap_bench.report(bench))
 tp_overlap_bench.figure(bench)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from workbook import link
 from workbook.data_parallel import dp_overlap_lesson as lesson
-from workbook.lessons import check_your_work, on_ranks, yours_reference_or_recorded
+from workbook.lessons import check_your_work, on_ranks, sized, yours_reference_or_recorded
 from workbook.measure import lesson_figures as lf
 from workbook.measure.output import where_measured
 from workbook.model import ModelConfig, ReferenceModel, grads_by_name, make_batch
@@ -206,14 +206,15 @@ lesson.timeline({
 #
 # $$T_\text{link} = K\alpha + \frac{2(n-1)}{n}\,\frac{\Psi e}{\beta}.$$
 #
-# The sweep runs your `BucketedDP` with five bucket sizes, a warm-up step and two measured steps
-# each. Left, what the link carried per step, split into its two terms. Right, the exposed time
-# (the rank's wait in `finish_gradient_sync`) against the alpha-beta model of the same buckets
-# (`lesson.predict_exposed`, a small simulation of the step: when each bucket becomes ready, and
-# the link carrying the buckets one after the other).
+# The sweep runs your `BucketedDP` with the bucket sizes of `SIZES`, 256 KiB to 16 MiB, a warm-up
+# step and two measured steps each. Left, what the link carried per step, split into its two terms.
+# Right, the exposed time (the rank's wait in `finish_gradient_sync`) against the alpha-beta model
+# of the same buckets (`lesson.predict_exposed`, a small simulation of the step: when each bucket
+# becomes ready, and the link carrying the buckets one after the other).
 
 # %%
-SIZES = [256 << 10, 1 << 20, 2 << 20, 4 << 20, 16 << 20]
+SIZES = sized([256 << 10, 1 << 20, 2 << 20, 4 << 20, 16 << 20],
+              in_tests=[256 << 10, 2 << 20, 16 << 20])
 sweep = on_ranks(lesson.bucket_sweep, 2, dp_impl, MODEL, BATCH, SIZES, link=PRESET, timeout=180)[0]
 rows = lesson.sweep_rows(sweep, PRESET)
 lf.print_table(rows, lesson.SWEEP_COLUMNS)

@@ -22,7 +22,8 @@ from IPython.display import display
 
 from workbook import link, trace
 from workbook.grading.labs import load_lab
-from workbook.lessons import check_your_work, on_ranks, reference_lab, yours_reference_or_recorded
+from workbook.lessons import (check_your_work, on_ranks, reference_lab, sized,
+                             yours_reference_or_recorded)
 from workbook.measure import lesson_figures as lf
 from workbook.measure.output import where_measured
 from workbook.model import ModelConfig
@@ -434,8 +435,8 @@ for executor in ("blocking", "overlapped"):
 # %% [markdown]
 # ### Four variants, timed
 #
-# `lesson.variant_steps` runs on each rank: it recalibrates the link, warms both executors up,
-# then takes a profiled step of each variant in turn, twice over, keeping the faster: GPipe and
+# `lesson.variant_steps` runs on each rank: it recalibrates the link, warms both executors up, then
+# takes a profiled step of each variant in turn, `TAKES` times over, keeping the fastest: GPipe and
 # 1F1B with the blocking executor, 1F1B and GPipe with the overlapped one. Wrappers note when each
 # action ran and how long the rank spent inside `take_received`, `exchange` and `finish`: the time
 # it *waited* for a transfer. The link's log says when each transfer travelled.
@@ -443,8 +444,9 @@ for executor in ("blocking", "overlapped"):
 # %%
 plan = {name: (stages_of(kind, STAGES, MICRO), executor)
         for name, (kind, executor) in lesson.VARIANTS.items()}
+TAKES = sized(2, in_tests=1)
 measured, TAKE, IMPL, local_flops = lesson.measure_variants(
-    runs, IMPL, MODEL, MICRO, ROWS, plan, stages_of("1f1b", STAGES, 2), PRESET)
+    runs, IMPL, MODEL, MICRO, ROWS, plan, stages_of("1f1b", STAGES, 2), PRESET, takes=TAKES)
 WHO = {e: "yours" if i == "labs" else "REFERENCE" for e, i in IMPL.items()}
 sim = link.make_link(PRESET, local_flops)                   # as the ranks calibrated it
 label = where_measured(sim.label)

@@ -28,7 +28,8 @@ from workbook import link, trace
 from workbook.context_parallel import contiguous_layout
 from workbook.context_parallel import cp_ring_lesson as lesson
 from workbook.grading.labs import load_lab
-from workbook.lessons import check_your_work, on_ranks, reference_lab, yours_reference_or_recorded
+from workbook.lessons import (check_your_work, on_ranks, reference_lab, sized,
+                             yours_reference_or_recorded)
 from workbook.measure import lesson_figures as lf
 from workbook.measure.output import where_measured
 
@@ -376,14 +377,14 @@ lesson.ring_timeline(main, "contiguous", f"{WHO} ring attention, contiguous spli
 # %% [markdown]
 # ### The sequence length, through the crossing
 #
-# The attention grows like $c^2$, the hop like $c$. The sweep runs the zig-zag step for five
-# sequence lengths (the link recalibrated before each: the GFLOP/s column). Left, the forward hop
+# The attention grows like $c^2$, the hop like $c$. The sweep runs the zig-zag step for the sequence
+# lengths of `SIZES` (the link recalibrated before each: the GFLOP/s column). Left, the forward hop
 # over the compute behind it: by the FLOP model (the blocks step 0 computes, at the calibrated
-# rate), and measured (the time in `block_forward` between
-# posting the hop and waiting for it). Right, the share of each pass's link time hidden.
+# rate), and measured (the time in `block_forward` between posting the hop and waiting for it).
+# Right, the share of each pass's link time hidden.
 
 # %%
-SIZES = [1024, 1536, 2048, 3072, 4096]
+SIZES = sized([1024, 1536, 2048, 3072, 4096], in_tests=[1024, 2048, 4096])
 sweep = on_ranks(lesson.ring_sweep, RANKS, str(runs / "sweep"), IMPL, SIZES, link=PRESET,
                  timeout=240)
 rows = lesson.sweep_rows(sweep, PRESET, RANKS, **RUN_SHAPE)

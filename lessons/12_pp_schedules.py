@@ -19,7 +19,7 @@
 
 # %%
 from workbook.grading.labs import load_lab
-from workbook.lessons import check_your_work, yours_reference_or_recorded
+from workbook.lessons import check_your_work, sized, yours_reference_or_recorded
 from workbook.measure import lesson_figures as lf
 from workbook.pipeline_parallel import (ScheduleError, check_chunked_schedule, rank_and_chunk,
                                         simulate_chunked, stage_index)
@@ -275,7 +275,8 @@ lesson.paper_explorer(SCHEDULE_FNS)
 from workbook.pipeline_parallel import pp_schedules_bench as bench
 
 IMPL = "labs" if SHOWN == "yours" else "solutions"
-result = bench.measure(impl=IMPL, nproc=2, links=["dgx-h100"], repeats=1, warmup=1, pool=True,
+result = bench.measure(impl=IMPL, nproc=2, links=["dgx-h100"], repeats=1,
+                       warmup=sized(1, in_tests=0), pool=True,
                        variants=["interleaved_v2", "zbv"], hidden=256,
                        layers=4, seq=256, rows=1, micro_batches=8, heads=4)
 print(f"{'your' if IMPL == 'labs' else 'the REFERENCE'} executor and schedules:")

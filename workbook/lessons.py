@@ -17,6 +17,9 @@ The small things every lesson needs, kept here so the notebooks stay prose and e
   runner that capture can stall a cell for its whole timeout (docs/headless-lessons.md);
 * ``run_headless(nb, timeout)``: execute a lesson notebook in a fresh kernel with no front end,
   as the notebook tests and ``tests/bench/lesson_stability.py`` do;
+* ``sized(full, in_tests=...)``: a lesson's size (a batch, a sweep's points, a bench's steps):
+  ``full``, what a learner runs, unless the test suite runs the lesson
+  (``WORKBOOK_LESSONS_TEST_SIZE=1``, docs/headless-lessons.md);
 * ``yours_reference_or_recorded(lab)`` and ``reference_lab(lab)``: for a lesson that stands the
   reference in for an unfinished lab. In a student release (no ``solutions/``) its cells that
   depend on the reference show what it produced when the release was made
@@ -32,6 +35,15 @@ from workbook.runtime.launch import on_ranks  # noqa: F401 (the notebooks' way t
 from workbook.trace.view import live_output, show_in  # noqa: F401 (what a widget panel shows)
 
 ENV_NO_GRADE = "WORKBOOK_LESSONS_NO_GRADE"
+ENV_TEST_SIZE = "WORKBOOK_LESSONS_TEST_SIZE"
+
+
+def sized(full, in_tests):
+    """``full``: the size a lesson runs at; ``in_tests`` where the test suite runs the lesson
+    (the environment variable ``WORKBOOK_LESSONS_TEST_SIZE=1``, which the notebook, browser and
+    release tests set and the kernel inherits). The test size runs every cell the same way, with
+    fewer rounds, sweep points or rows; a learner never sets it."""
+    return in_tests if os.environ.get(ENV_TEST_SIZE) == "1" else full
 
 
 def buffers_figure(before: list, after: list, title: str = "", labels=("before", "after")):

@@ -8,7 +8,8 @@ Python package), serve every lesson of this module in turn. JupyterLab's page is
 loaded the page anew); each lesson is then opened in it (``docmanager:open``, the previous
 lesson's notebook closed first, so nothing of its layout stays), runs every cell, and must show no
 kernel error, a plotly figure and an ipywidgets control; then its kernel (and the rank pools it
-started) is shut down. The lessons: the first
+started) is shut down. The kernels run the lessons at their test size
+(``WORKBOOK_LESSONS_TEST_SIZE=1``, as ``test_notebooks.py`` does). The lessons: the first
 one (collectives on ranks), lesson 8 (profiler traces, a benchmark, a widget panel), lesson 9
 (training steps on ranks, bucket timelines, memory figures, a widget), lessons 10 to 13
 (pipeline schedules, ring attention, interleaved and zero-bubble schedules, MoE all-to-alls, on
@@ -202,7 +203,7 @@ class Browser:
         self.log = open(tmp_path / "jupyterlab.log", "w")
 
     def start(self) -> "Browser":
-        env = dict(os.environ, WORKBOOK_LESSONS_NO_GRADE="1",
+        env = dict(os.environ, WORKBOOK_LESSONS_NO_GRADE="1", WORKBOOK_LESSONS_TEST_SIZE="1",
                    JUPYTER_RUNTIME_DIR=str(self.tmp / "rt"), JUPYTER_CONFIG_DIR=str(self.tmp / "cfg"))
         self.lab = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
@@ -211,7 +212,11 @@ class Browser:
              f"--LabApp.workspaces_dir={self.tmp / 'ws'}", "--ServerApp.port_retries=0",
              "--allow-root",                                   # CI containers run as root
              "--LabApp.extension_manager=readonly",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+             # no language servers to look for (jupyter_lsp's search took seconds of the start)
+             # nor terminals: the lessons use neither
+             '--ServerApp.jpserver_extensions={"jupyter_lsp": False, '
+             '"jupyter_server_terminals": False}'],
             cwd=self.work, env=env, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
         _wait_until("JupyterLab to answer", lambda: self.api("GET", "status", timeout=5), 90)

@@ -8,7 +8,9 @@ test runs in JupyterLab are left to it where Chromium is installed (as in CI), a
 otherwise, and the lessons ``test_release_lessons.py`` records afresh for a student release
 (the recording runs them headless in the course, every cell, an error stopping it) are left to
 it. Grading cells are skipped while the notebooks run (``WORKBOOK_LESSONS_NO_GRADE``);
-``test_check_your_work`` runs the grading helper once on its own.
+``test_check_your_work`` runs the grading helper once on its own. The lessons run at their test
+size (``WORKBOOK_LESSONS_TEST_SIZE=1``, ``workbook.lessons.sized``): every cell, with fewer
+rounds, sweep points or rows where a lesson's own runs on ranks are the time.
 """
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ def test_notebook_runs(script, monkeypatch):
         pytest.skip("run headless in the course by test_release_lessons.py's recording")
     from workbook.lessons import run_headless
     monkeypatch.setenv("WORKBOOK_LESSONS_NO_GRADE", "1")        # the kernel inherits it
+    monkeypatch.setenv("WORKBOOK_LESSONS_TEST_SIZE", "1")       # and the lessons' test size
     nb = jupytext.read(script)
     t0 = time.perf_counter()
 

@@ -57,6 +57,7 @@ def made(tmp_path_factory):
     folder = base / "class"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(lesson_recording, "CACHE_DIR", str(base / "recorded-lessons"))
+        patch.setenv("WORKBOOK_LESSONS_TEST_SIZE", "1")       # the kernels record the test size
         t0 = time.perf_counter()
         release.make_release(ROOT, folder, "standard", record=RECORDED)
         print(f"release made in {time.perf_counter() - t0:.1f} s")
@@ -70,6 +71,7 @@ def _in_release(monkeypatch, folder: Path) -> None:
     monkeypatch.setenv("WORKBOOK_ROOT", str(folder))
     monkeypatch.setenv("PYTHONPATH", str(folder))
     monkeypatch.setenv("WORKBOOK_LESSONS_NO_GRADE", "1")
+    monkeypatch.setenv("WORKBOOK_LESSONS_TEST_SIZE", "1")       # as the recording was made
 
 
 def _run(folder: Path, lesson: str):

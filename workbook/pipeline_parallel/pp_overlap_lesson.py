@@ -307,21 +307,23 @@ def variant_steps(run_dir, impl: dict, model: dict, m: int, rows: int, variants:
 
 
 def measure_variants(run_dir, impl: dict, model: dict, m: int, rows: int, plan: dict, warmup,
-                     preset: str, timeout: float = 180):
-    """``variant_steps`` on ``len(warmup)`` ranks over ``preset``; if the learner's executors
-    fail, the reference's instead. Returns (per rank, the faster take of each variant;
-    ``{variant: take}``; the implementations used; the calibrated FLOP rate)."""
+                     preset: str, timeout: float = 180, takes: int = 2):
+    """``variant_steps`` (``takes`` rounds) on ``len(warmup)`` ranks over ``preset``; if the
+    learner's executors fail, the reference's instead. Returns (per rank, the fastest take of
+    each variant; ``{variant: take}``; the implementations used; the calibrated FLOP rate)."""
     from workbook.runtime.launch import on_ranks
     args = (variant_steps, len(warmup), str(run_dir))
     try:
-        res = on_ranks(*args, impl, model, m, rows, plan, warmup, link=preset, timeout=timeout)
+        res = on_ranks(*args, impl, model, m, rows, plan, warmup, takes, link=preset,
+                       timeout=timeout)
     except Exception as exc:                      # noqa: BLE001 - e.g. your executor hangs in GPipe
         if set(impl.values()) == {"solutions"}:
             raise
         print(f"Your executors failed here ({lf.verdict_of(exc)}); measuring the REFERENCE "
               "instead.")
         impl = dict.fromkeys(impl, "solutions")
-        res = on_ranks(*args, impl, model, m, rows, plan, warmup, link=preset, timeout=timeout)
+        res = on_ranks(*args, impl, model, m, rows, plan, warmup, takes, link=preset,
+                       timeout=timeout)
     take = {name: min(range(len(res[0][name])),             # the faster take of each variant
                       key=lambda k: max(r[name][k]["t1"] for r in res)
                       - min(r[name][k]["t0"] for r in res)) for name in plan}
