@@ -28,12 +28,12 @@ TIMED = {"test_wrong_impls_caught", "test_autograder", "test_class_grading", "te
 # neither with a figure read from time, so it runs on the other worker)
 
 
-# the browser runs the heaviest lessons (30-40 s each on a quiet machine): it does not start
-# before the grading stages beside the package tests (docs/test-suite.md) are mostly done, so
-# that it shares the two cores with one other test instead of three (a lesson there took up to
-# 76 s); DEFER_S is about how long those stages take, in seconds of queued tests
+# the browser runs the heaviest lessons (30-40 s each on a quiet machine): it starts late, once
+# the grading stages beside the package tests (docs/test-suite.md) are done, so that it shares
+# the two cores with one other test instead of three (a lesson took 70 s in run 17, where it
+# started beside them); it is queued where what is left after it takes about as long as it does
+# (the other worker's share while the browser runs), so that both workers still end together
 LAST = {"test_browser"}
-DEFER_S = 300.0
 # modules whose tests share no module fixture: each test is its own unit of work, so that the
 # short ones fill the gaps at the end of the run
 SPLIT = {"test_notebooks"}
@@ -59,8 +59,8 @@ def unit_of(nodeid: str) -> str:
 def work_order(units: dict[str, int], seconds: dict) -> list[str]:
     """The order in which units are handed out: ``timed`` first (one worker runs it, module after
     module), then the longest first (the classic longest-processing-time rule, which keeps the
-    two workers' ends close), the ``LAST`` modules held back until ``DEFER_S`` seconds of other
-    units are queued before them. ``units`` maps a unit to its number of tests; ``seconds`` is
+    two workers' ends close), the ``LAST`` modules held back until what is queued after them
+    takes about as long as they do. ``units`` maps a unit to its number of tests; ``seconds`` is
     ``SECONDS_FILE``'s content: a unit's expected seconds are its own where recorded (a test of
     a ``SPLIT`` module), else its module's share, else two seconds a test."""
     modules, tests = seconds.get("modules", {}), seconds.get("tests", {})
@@ -80,13 +80,10 @@ def work_order(units: dict[str, int], seconds: dict) -> list[str]:
     order = sorted(units, key=lambda u: (-expected(u), u))
     held = [u for u in order if Path(u.split("::", 1)[0]).stem in LAST]
     order = [u for u in order if u not in held]
-    queued, at = 0.0, len(order)
-    for i, unit in enumerate(order):
-        if unit != "timed":
-            queued += expected(unit)
-        if queued >= DEFER_S:
-            at = i + 1
-            break
+    at, after, browser = len(order), 0.0, sum(map(expected, held))
+    while at > 1 and after + expected(order[at - 1]) <= browser:   # never before the first unit
+        at -= 1
+        after += expected(order[at])
     return order[:at] + held + order[at:]
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 _spec = importlib.util.spec_from_file_location("package_conftest", Path(__file__).with_name("conftest.py"))
 _conftest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_conftest)
-DEFER_S, unit_of, work_order = _conftest.DEFER_S, _conftest.unit_of, _conftest.work_order
+unit_of, work_order = _conftest.unit_of, _conftest.work_order
 
 
 def test_timed_modules_form_one_unit_and_split_modules_one_unit_a_test():
@@ -22,16 +22,17 @@ def test_timed_first_then_longest_first_and_the_browser_held_back():
              "tests/package/test_b.py": 2, "tests/package/test_c.py": 9,
              "tests/package/test_notebooks.py::run[06]": 1,
              "tests/package/test_notebooks.py::run[07]": 1}
-    seconds = {"modules": {"test_browser": 240.0, "test_a": 200.0, "test_b": 150.0, "test_c": 9.0,
+    seconds = {"modules": {"test_browser": 90.0, "test_a": 200.0, "test_b": 150.0, "test_c": 9.0,
                            "test_notebooks": 80.0},
                "tests": {"tests/package/test_notebooks.py::run[06]": 60.0}}
     order = work_order(units, seconds)
     assert order[0] == "timed"
-    # the browser waits until DEFER_S seconds of other work are queued (a: 200, b: 150)
-    assert DEFER_S <= 350 and order[1:4] == ["tests/package/test_a.py", "tests/package/test_b.py",
-                                             "tests/package/test_browser.py"]
-    # a recorded test keeps its own seconds (60), its unrecorded sibling the module's rest (20)
-    assert order[4:] == ["tests/package/test_notebooks.py::run[06]",
+    # longest first; a recorded test keeps its own seconds (60), its unrecorded sibling the
+    # module's rest (20); the browser (90 s) goes where what is left after it takes as long
+    # (60 + 20 + 9 s)
+    assert order[1:] == ["tests/package/test_a.py", "tests/package/test_b.py",
+                         "tests/package/test_browser.py",
+                         "tests/package/test_notebooks.py::run[06]",
                          "tests/package/test_notebooks.py::run[07]", "tests/package/test_c.py"]
     assert sorted(order) == sorted(units)
 
