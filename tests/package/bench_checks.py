@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import pytest
 
@@ -28,7 +28,7 @@ def run_tiny(bench, tmp_path, lab: str, *argv, warm: bool = False) -> tuple[dict
     ``tmp_path``: the result, and the JSON file read back. The figure must have been written.
     ``warm``: the bench's ranks are the package's warm pool (``on_warm_ranks``), not fresh ones."""
     path = tmp_path / f"{lab}.json"
-    with on_warm_ranks(warm):
+    with on_warm_ranks() if warm else nullcontext():
         result = bench.run_bench(parse(bench, *argv, "--trace-dir", str(tmp_path / "traces"),
                                        "--json", str(path), "--figure", str(tmp_path / "f.html")))
     assert (tmp_path / "f.html").stat().st_size > 1000
@@ -36,16 +36,13 @@ def run_tiny(bench, tmp_path, lab: str, *argv, warm: bool = False) -> tuple[dict
 
 
 @contextmanager
-def on_warm_ranks(warm: bool = True):
+def on_warm_ranks():
     """Inside: ``workbook.runtime.launch.run`` (which a benchmark's ``measure`` calls to start its
     ranks) runs on the shared warm pool of that size instead of starting fresh ranks (2-4
     processes importing torch: 3-9 s here). What the bench computes on them is the same; the
     command line still starts its own."""
     from workbook.runtime import launch
     fresh = launch.run
-    if not warm:
-        yield
-        return
 
     def run(fn, world_size=2, *args, **kwargs):
         kwargs.pop("master_port", None)

@@ -18,7 +18,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,6 +27,8 @@ import pytest
 from workbook.instructor.autograder import RESERVE_S
 from workbook.instructor.autograder.bundle import ENV_ROOT
 from workbook.grading.labs import repo_root
+
+from processes import gone_within
 
 LABS = ("ring_allreduce", "overlap_math")
 HIDDEN_TEST = textwrap.dedent('''
@@ -114,19 +115,6 @@ def run_autograder(bundle: Path, root: Path, submission: dict, python=sys.execut
     res = json.loads((root / "results" / "results.json").read_text())
     assert_gradescope_format(res)
     return res
-
-
-def processes_of(root: Path) -> list[str]:
-    """The command lines of the processes still running a grading under ``root`` (its ranks
-    too: they inherit ``$AUTOGRADER_ROOT``)."""
-    marker, found = f"{ENV_ROOT}={root}\0".encode(), []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker in (proc / "environ").read_bytes():
-                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
-        except OSError:                                     # gone, or not ours
-            pass
-    return found
 
 
 def by_name(res: dict) -> dict:
@@ -239,12 +227,10 @@ def test_a_hang_scores_zero_with_its_report_and_the_rest_is_graded(bundle, tmp_p
     others = [t for name, t in tests.items() if "ring_all_reduce_" not in name]
     assert len(others) == 10 and all(t["score"] == t["max_score"] for t in others), others
     assert "graded: labs/ring_allreduce.py, overlap_math.py" in res["output"]
-    # the hung ranks were killed with their pool, and the rest ended with the run (a rank may
-    # take a moment to be reaped after its pool's process exits: a bound, not a pause)
-    deadline = time.monotonic() + 30
-    while processes_of(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not processes_of(tmp_path), processes_of(tmp_path)
+    # the hung ranks were killed with their pool, and the rest ended with the run: no process
+    # holds this grading's $AUTOGRADER_ROOT (its ranks inherit it, not its command line)
+    left = gone_within(30, f"{ENV_ROOT}={tmp_path}\0", where="environ")
+    assert not left, left
 
 
 def test_tests_past_the_time_budget_score_zero_not_run(side_runs):

@@ -1,7 +1,6 @@
 """The learner's tools: `workbook hint`, `workbook progress`, `workbook watch`, on a copy of the
 labs (stub, partial and full answers of a quick lab, overlap_math)."""
 import json
-import os
 import queue
 import re
 import shutil
@@ -18,6 +17,8 @@ from workbook import cli
 from workbook.grading.labs import LABS, repo_root
 from workbook.instructor import assign
 from workbook.learner import progress, task_list
+
+from processes import left_running
 
 LAB = "overlap_math"
 ROOT = repo_root()
@@ -122,18 +123,6 @@ def _line(labs: Path) -> str:
                 if line.strip().startswith(LAB + " "))
 
 
-def _pids_running(marker: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and int(proc.name) != os.getpid():
-            try:
-                if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(proc.name))
-            except OSError:
-                pass
-    return found
-
-
 def test_watch_checks_each_save_progress_shows_each_check_and_nothing_is_left(labs, capsys):
     """``workbook watch`` self-checks the stub at start, then each save (task 1 answered, the
     whole answer, a syntax error); after each check ``workbook progress`` shows its score and the
@@ -205,4 +194,4 @@ def test_watch_checks_each_save_progress_shows_each_check_and_nothing_is_left(la
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert not _pids_running(str(labs)), "a process of the watched self-check is still running"
+    assert not left_running(str(labs)), "a process of the watched self-check is still running"

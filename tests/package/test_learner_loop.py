@@ -23,6 +23,8 @@ import pytest
 from workbook.grading import engine
 from workbook.grading.timing import STRUCTURAL, hidden_pct, measure_until_clear
 
+from processes import gone_within
+
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTION = (ROOT / "solutions" / "collectives.py").read_text()
 
@@ -56,11 +58,6 @@ def _workbook(*args, timeout=240) -> tuple[int, str, float]:
     proc = subprocess.run([sys.executable, "-m", "workbook.cli", *args], cwd=ROOT, text=True,
                           capture_output=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
-
-
-def _left_running(marker: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if marker in ln and "ps -eo" not in ln]
 
 
 def test_wrong_answers_give_verdicts_not_hangs(tmp_path, capsys, monkeypatch):
@@ -142,10 +139,8 @@ def test_a_hang_ends_in_the_report(tmp_path):
         assert "Timed out waiting" not in out, out
         assert len(out.splitlines()) <= 60, out
     assert seconds < 150, f"took {seconds:.0f} s"
-    deadline = time.monotonic() + 10          # ranks may take a moment to be reaped: poll, bounded
-    while _left_running(str(lab)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _left_running(str(lab)), _left_running(str(lab))
+    left = gone_within(10, str(lab))          # ranks may take a moment to be reaped: poll, bounded
+    assert not left, left
 
 
 def test_grader_lists_each_failure_once_in_full(tmp_path):

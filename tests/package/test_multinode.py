@@ -39,6 +39,8 @@ import pytest
 
 from workbook.runtime.multinode import NetnsPair, job_exit_code, run_nodes
 
+from processes import left_running
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN_S = 100                              # a run's hard limit: run_nodes stops it past that
 
@@ -168,11 +170,6 @@ def test_a_host_killed_mid_run_ends_the_other_naming_the_silent_ranks(pair):
 
 
 # --------------------------------------------------------------------------- workbook run (no root)
-def _left_running(marker: str) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [ln for ln in ps.splitlines() if marker in ln and "ps -eo" not in ln]
-
-
 def test_workbook_run_on_two_local_nodes(tmp_path):
     """``workbook run LAB --nnodes 2 --nproc-per-node 2`` on a stub: exit 1 (the job's verdict,
     not torchrun's 1), the verdict without the agents' tracebacks, and no process is left.
@@ -188,8 +185,8 @@ def test_workbook_run_on_two_local_nodes(tmp_path):
     assert code == 1, out
     assert "not implemented yet" in out and "job of 2 nodes: exit 1" in out, out
     assert "local rank 0 exited with 1" in out and "Traceback" not in out, out
-    assert not _left_running(str(tmp_path)), _left_running(str(tmp_path))
-    assert not _left_running("workbook.runtime.rendezvous_store"), "the rendezvous store was left"
+    assert not left_running(str(tmp_path)), left_running(str(tmp_path))
+    assert not left_running("workbook.runtime.rendezvous_store"), "the rendezvous store was left"
 
 
 def test_the_rendezvous_store_outlives_the_agents_and_leaves_with_the_launcher():
