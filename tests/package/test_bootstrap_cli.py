@@ -128,6 +128,25 @@ def test_package_step_is_one_line_and_idempotent(monkeypatch, capfd, tmp_path):
     assert calls == [] and capfd.readouterr() == ("", "")
 
 
+def test_extras_go_in_by_uv_and_by_pip_where_uv_fails(monkeypatch, capfd, tmp_path):
+    """uv installs the extras (the install's longest step, a third of pip's time); where uv
+    cannot be had or fails, one line says so and pip installs them as before."""
+    monkeypatch.setattr(bootstrap, "STAMP", tmp_path / "stamp")
+    calls = _fake_pip(monkeypatch, 0)
+    bootstrap.ensure_package()
+    assert [c[0][1:4] for c in calls] == [["-m", "pip", "install"], ["-m", "uv", "pip"]]
+    assert calls[1][0][-2:] == ["-e", f"{bootstrap.ROOT}[dev,notebooks]"]
+    capfd.readouterr()
+    (tmp_path / "stamp").unlink()
+    calls = _fake_pip(monkeypatch, 1)               # no uv here: pip, whose failure stops set-up
+    with pytest.raises(SystemExit, match=r"failed \(1\)"):
+        bootstrap.ensure_package()
+    assert [c[0][1:3] for c in calls] == [["-m", "pip"], ["-m", "pip"]]
+    assert calls[1][0][-2:] == ["-e", f"{bootstrap.ROOT}[dev,notebooks]"]
+    out = capfd.readouterr().out
+    assert f"{PREFIX}uv could not install the extras (" in out and "pip will" in out, out
+
+
 def test_cpu_torch_fallback_is_quiet_unless_both_fail(monkeypatch, capfd):
     monkeypatch.setattr(bootstrap, "sh", lambda *a, **k: 1)          # "import torch" fails
     monkeypatch.setattr(bootstrap, "has_nvidia_gpu", lambda: False)
