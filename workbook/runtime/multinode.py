@@ -251,9 +251,10 @@ class Store:
         del store                                  # the server stops, the port closes
 
     def stop(self) -> None:
-        """Stop serving; return once the port is closed."""
+        """Stop serving; return once the port is closed (or, stuck starting, after 10 s: the
+        thread is a daemon, it ends with this process)."""
         self._done.set()
-        self._thread.join()
+        self._thread.join(timeout=10)
 
 
 def _enter_netns(name: str) -> None:
