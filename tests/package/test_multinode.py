@@ -2,25 +2,27 @@
 
 Two hosts are two Linux network namespaces joined by a veth pair (addresses inside them only;
 nothing else is contacted). One torchrun agent per host (``--nnodes=2 --nproc_per_node=2``,
-c10d rendezvous at host 0) runs:
+c10d rendezvous at host 0, its store served by the launcher, this process) runs:
 
 * the probe: every rank says where it ran (ranks 0-1 in one namespace, 2-3 in the other, gloo
-  on each host's own address), then rank 3 raises: both hosts end with rank 3's own error
-  (the path of a job that fails: exit 1);
+  on each host's own address); then rank 3 raises and every rank holds rank 3's own error, rank
+  0 says it; then, in a fresh process group, every rank all-reduces in a loop and host 1 is
+  killed: host 0 ends within its check's timeout, naming the silent ranks (the path of a job
+  that hangs: exit 2);
 * the tp self-check, on a simulated multi-node link (dgx-h100-ib), its figures traced: every
   check passes across the two hosts (the path of a job that passes: exit 0), rank 0 alone
-  speaks, and four rank traces merge into one;
-* a host killed mid-run: the other ends within its check's timeout, naming the silent ranks
-  (the path of a job that hangs: exit 2).
+  speaks, and four rank traces merge into one.
 
 After each run no process is left in either namespace, and the namespaces are deleted at the
 end whatever happens. These tests need root (they skip, saying why, where namespaces are not
 allowed). ``workbook run --nnodes 2 --nproc-per-node 2`` (two nodes on 127.0.0.1) needs
-nothing and is checked too, on a stub (the command's own path: its verdict, its output).
+nothing and is checked too, on a stub (the command's own path: its verdict, its output; the
+path of a job that fails: exit 1, both agents exit 1).
 
-Four torchrun jobs in all, one per path above; each job costs 15-35 s of two agents and four
-ranks starting (a collectives self-check on two hosts and a passing ``workbook run`` on two
-local nodes were jobs of their own: their checks are in the tp job and the stub's job).
+Three torchrun jobs in all; each job costs 15-35 s of two agents and four ranks starting (a
+collectives self-check on two hosts, a passing ``workbook run`` on two local nodes and the
+probe's failing rank on a job of its own were jobs of their own: their checks are in the tp
+job, the stub's job and the hang job).
 """
 from __future__ import annotations
 
@@ -95,29 +97,6 @@ def _netns_id(name: str) -> str:
     return f"net:[{os.stat(f'/run/netns/{name}').st_ino}]"     # what /proc/PID/ns/net names
 
 
-def test_ranks_run_on_two_hosts_and_a_ranks_error_ends_both(pair):
-    nodes = _run(pair, ["-m", "workbook.grading.multinode_probe", "--fail-rank", "3"])
-    out = nodes[0].output
-    records = _probe_records(out + nodes[1].output)
-    assert [int(r["rank"]) for r in records] == [0, 1, 2, 3]
-    for rank, r in enumerate(records):
-        host = pair.hosts[rank // 2]
-        assert (int(r["local_rank"]), int(r["group_rank"]), int(r["local_world_size"])) == \
-            (rank % 2, rank // 2, 2), r
-        assert r["netns"] == _netns_id(host.netns), r                # ranks 0-1 host 0, 2-3 host 1
-        assert r["gloo_ifname"] == host.ifname and r["gloo_addr"] == host.address, r
-        assert r["master_addr"] == pair.hosts[0].address, r          # node 0's agent: the store
-        assert r["all_reduce"] == 1 + 2 + 3 + 4, r                   # gloo crossed the cable
-        assert r["link_ranks_per_node"] == 2, r                      # the link knows the nodes
-        assert r["link_fabrics"] == ["node", "network"], r           # hierarchical all-reduce
-    assert records[0]["netns"] != records[2]["netns"] != os.readlink("/proc/self/ns/net")
-    # then rank 3 raised: every rank holds its error, rank 0 says it, both hosts end with 1
-    assert "PROBE FAILED RuntimeError: rank 3 fails on purpose" in out, out
-    assert "(raised on rank 3 of 4)" in out, out
-    assert job_exit_code(nodes) == 1
-    assert all(n.returncode != 0 for n in nodes), [n.returncode for n in nodes]
-
-
 def test_tp_self_check_on_a_multinode_link_traced_on_two_hosts(pair, tmp_path):
     """The tp self-check on two hosts, on a simulated multi-node link: every check passes, the
     job's status is 0, rank 0 alone speaks; its figures traced: four rank traces (two per host)
@@ -143,9 +122,11 @@ def test_tp_self_check_on_a_multinode_link_traced_on_two_hosts(pair, tmp_path):
     assert {e["pid"] for e in events if e.get("ph") == "X"} == {0, 1, 2, 3}   # each rank's spans
 
 
-def test_a_host_killed_mid_run_ends_the_other_naming_the_silent_ranks(pair):
-    """Every rank all-reduces in a loop; host 1 dies (every process in its namespace killed):
-    host 0's ranks end at the watchdog (4 s), rank 0 names ranks 2 and 3, exit status 2."""
+def test_ranks_on_two_hosts_a_ranks_error_then_a_host_killed(pair):
+    """The probe on two hosts: where every rank ran; rank 3's error held by every rank (rank 0
+    says it); then every rank all-reduces in a loop and host 1 dies (every process in its
+    namespace killed): host 0's ranks end at the watchdog (4 s), rank 0 names ranks 2 and 3,
+    exit status 2."""
     started, killed = threading.Event(), []
 
     def kill_host_1():
@@ -156,11 +137,29 @@ def test_a_host_killed_mid_run_ends_the_other_naming_the_silent_ranks(pair):
 
     killer = threading.Thread(target=kill_host_1, daemon=True)
     killer.start()
-    nodes = _run(pair, ["-m", "workbook.grading.multinode_probe", "--hold", "--timeout", "4"],
-                 echo=lambda i, line: "PROBE [" in line and started.set())
+    nodes = _run(pair, ["-m", "workbook.grading.multinode_probe", "--fail-rank", "3", "--hold",
+                        "--timeout", "4"],
+                 echo=lambda i, line: "PROBE HOLDING" in line and started.set())
     ended = time.monotonic()
     killer.join(timeout=15)
     out = nodes[0].output
+    records = _probe_records(out + nodes[1].output)
+    assert [int(r["rank"]) for r in records] == [0, 1, 2, 3]
+    for rank, r in enumerate(records):
+        host = pair.hosts[rank // 2]
+        assert (int(r["local_rank"]), int(r["group_rank"]), int(r["local_world_size"])) == \
+            (rank % 2, rank // 2, 2), r
+        assert r["netns"] == _netns_id(host.netns), r                # ranks 0-1 host 0, 2-3 host 1
+        assert r["gloo_ifname"] == host.ifname and r["gloo_addr"] == host.address, r
+        assert r["master_addr"] == pair.hosts[0].address, r          # node 0's agent: the store
+        assert r["all_reduce"] == 1 + 2 + 3 + 4, r                   # gloo crossed the cable
+        assert r["link_ranks_per_node"] == 2, r                      # the link knows the nodes
+        assert r["link_fabrics"] == ["node", "network"], r           # hierarchical all-reduce
+    assert records[0]["netns"] != records[2]["netns"] != os.readlink("/proc/self/ns/net")
+    # then rank 3 raised: every rank holds its error, rank 0 (on the other host) says it
+    assert "PROBE FAILED RuntimeError: rank 3 fails on purpose" in out, out
+    assert "(raised on rank 3 of 4)" in out, out
+    # then host 1 died in the all-reduce loop: host 0 ends at the watchdog, naming ranks 2, 3
     assert killed, out
     assert ended - killed[0] < 4 + 5 + 15, f"host 0 took {ended - killed[0]:.0f} s"
     assert nodes[1].returncode == -9, nodes[1].returncode           # host 1 was killed
@@ -172,7 +171,8 @@ def test_a_host_killed_mid_run_ends_the_other_naming_the_silent_ranks(pair):
 # --------------------------------------------------------------------------- workbook run (no root)
 def test_workbook_run_on_two_local_nodes(tmp_path):
     """``workbook run LAB --nnodes 2 --nproc-per-node 2`` on a stub: exit 1 (the job's verdict,
-    not torchrun's 1), the verdict without the agents' tracebacks, and no process is left.
+    not torchrun's 1), both agents end with 1, the verdict without the agents' tracebacks, and
+    no process is left (the rendezvous store is the command's own thread: it ends with it).
     (A passing job's status 0 is ``job_exit_code``'s, asserted by the tp job on two hosts: the
     command returns it as it is.)"""
     (tmp_path / "stub").mkdir()
@@ -185,29 +185,33 @@ def test_workbook_run_on_two_local_nodes(tmp_path):
     assert code == 1, out
     assert "not implemented yet" in out and "job of 2 nodes: exit 1" in out, out
     assert "local rank 0 exited with 1" in out and "Traceback" not in out, out
+    assert "(torchrun agents' exit status: node 0 1, node 1 1)" in out, out   # both end with 1
     assert not left_running(str(tmp_path)), left_running(str(tmp_path))
-    assert not left_running("workbook.runtime.rendezvous_store"), "the rendezvous store was left"
 
 
-def test_the_rendezvous_store_outlives_the_agents_and_leaves_with_the_launcher():
-    """The store serves until its launcher closes its stdin (or dies): an agent that closes the
-    rendezvous last still finds it (run 4's failure: the serving agent had left first)."""
+def test_the_rendezvous_store_serves_until_its_launcher_stops_it():
+    """The store is the launcher's (a thread of it), so it outlives every agent: an agent that
+    closes the rendezvous last still finds it (run 4's failure: the serving agent had left
+    first). Stopped, it no longer listens; a port that is taken is said in one line."""
     from datetime import timedelta
 
     from torch.distributed import TCPStore
 
-    from workbook.runtime.multinode import Host, free_port, start_store, stop_store
+    from workbook.runtime.multinode import Host, Store, free_port
     port = free_port()
-    store = start_store(Host("here"), port, dict(os.environ))
+    store = Store(Host("here"), port)
     client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
     client.set("left", "node 0")
     assert client.get("left") == b"node 0"
-    stop_store(store)
-    assert store.returncode == 0, store.returncode                  # it stopped on stdin closing
+    del client
+    store.stop()
+    assert not store._thread.is_alive()
+    with pytest.raises(ConnectionRefusedError):                       # the port is closed
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with pytest.raises(OSError, match="cannot serve port"):         # a port that is taken
         with socket.socket() as taken:
             taken.bind(("0.0.0.0", 0)), taken.listen()
-            start_store(Host("here"), taken.getsockname()[1], dict(os.environ))
+            Store(Host("here"), taken.getsockname()[1])
 
 
 @pytest.mark.parametrize("options, message", [

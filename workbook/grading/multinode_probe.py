@@ -9,8 +9,9 @@ link made of torchrun's nodes (ranks per node, the fabrics a whole-job all-reduc
 and the network); rank 0 prints the records as one
 ``PROBE [...]`` JSON line. It runs through ``JobRanks`` as every self-check under torchrun does,
 so a failure behaves the same: ``--fail-rank R`` has rank R raise and every rank hold R's own
-error; ``--hold`` keeps every rank all-reducing until a host goes away and the watchdog ends
-the job (the package's multi-node test kills one namespace's processes to check that).
+error; ``--hold`` (after it, when both are given) keeps every rank all-reducing until a host
+goes away and the watchdog ends the job (the package's multi-node test kills one namespace's
+processes to check that: one job shows the records, a rank's error and a hang).
 """
 from __future__ import annotations
 
@@ -46,41 +47,55 @@ def _where() -> dict:
             "link_fabrics": fabrics}
 
 
-def _fail_or_hold(fail_rank: int | None) -> None:
-    """Rank ``fail_rank`` raises while the others all-reduce; None: all-reduce until stopped."""
+def _fail(fail_rank: int) -> None:
+    """Rank ``fail_rank`` raises while the others all-reduce (and fail when it is gone)."""
     import torch
     import torch.distributed as dist
-    while dist.get_rank() != fail_rank:
+    if dist.get_rank() == fail_rank:
+        raise RuntimeError(f"rank {fail_rank} fails on purpose (probe --fail-rank)")
+    dist.all_reduce(torch.ones(1, device=device()))
+
+
+def _hold() -> None:
+    """Every rank all-reduces until stopped (rank 0 says ``PROBE HOLDING`` as it starts)."""
+    import torch
+    import torch.distributed as dist
+    if dist.get_rank() == 0:
+        print("PROBE HOLDING", flush=True)
+    while True:
         dist.all_reduce(torch.ones(1, device=device()))
-        if fail_rank is not None:
-            return
         time.sleep(0.05)
-    raise RuntimeError(f"rank {fail_rank} fails on purpose (probe --fail-rank)")
 
 
 def probe(argv=None) -> None:
     """Under torchrun: rank 0 prints ``PROBE [...]``, one JSON record per rank (``_where``);
-    then ``--fail-rank R`` has rank R raise, ``--hold`` has every rank all-reduce until a host
-    goes away or the watchdog (``--timeout``) ends the job. Failures as in every self-check."""
+    then ``--fail-rank R`` has rank R raise (rank 0 prints ``PROBE FAILED`` and R's error; the
+    job goes on in a fresh process group), ``--hold`` has every rank all-reduce until a host
+    goes away or the watchdog (``--timeout``) ends the job (exit 2). Failures as in every
+    self-check: without ``--hold``, a failure's job exits 1."""
     from workbook.grading.torchrun_ranks import JobRanks
     parser = argparse.ArgumentParser(prog="torchrun ... -m workbook.grading.multinode_probe")
     parser.add_argument("--fail-rank", type=int, default=None)
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
+    steps = [(_where, (), "dgx-h100")]
+    steps += [(_fail, (args.fail_rank,), "none")] if args.fail_rank is not None else []
+    steps += [(_hold, (), "none")] if args.hold else []
     job, code = JobRanks(args.timeout), 0
-    try:
-        records = job.run(job.world, _where, (), {}, link="dgx-h100", timeout=args.timeout)
-        if job.rank == 0:
-            print("PROBE " + json.dumps(records), flush=True)
-        if args.fail_rank is not None or args.hold:
-            job.run(job.world, _fail_or_hold, (args.fail_rank,), {}, link="none",
-                    timeout=args.timeout)
-    except Exception as exc:                          # every rank holds the failing rank's error
-        if job.rank == 0:
-            notes = " ".join(getattr(exc, "__notes__", []))
-            print(f"PROBE FAILED {type(exc).__name__}: {exc} {notes}", flush=True)
-        code = 1
+    for fn, fn_args, link in steps:
+        try:
+            results = job.run(job.world, fn, fn_args, {}, link=link, timeout=args.timeout)
+        except Exception as exc:                      # every rank holds the failing rank's error
+            if job.rank == 0:
+                notes = " ".join(getattr(exc, "__notes__", []))
+                print(f"PROBE FAILED {type(exc).__name__}: {exc} {notes}", flush=True)
+            code = 1
+            if fn is _fail:                           # on purpose: the job goes on (a fresh group)
+                continue
+            break
+        if fn is _where and job.rank == 0:
+            print("PROBE " + json.dumps(results), flush=True)
     job.finish(code)
 
 

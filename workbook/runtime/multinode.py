@@ -2,8 +2,8 @@
 
 On a cluster each node runs one ``torchrun`` agent, and the agents find each other through a
 **c10d rendezvous**: a small key-value store (a TCPStore) at ``--rdzv-endpoint HOST:PORT``
-that every agent joins (by default one agent serves it; here a process of its own does, which
-outlives the agents: ``workbook.runtime.rendezvous_store`` says why), the nodes are numbered (``GROUP_RANK``,
+that every agent joins (by default one agent serves it; here the launcher does, which
+outlives the agents: ``Store`` says why), the nodes are numbered (``GROUP_RANK``,
 in the order of their addresses), and each agent starts ``--nproc-per-node`` ranks. torchrun
 tells each rank where it is:
 
@@ -157,7 +157,7 @@ class Node:
 def torchrun_command(i: int, hosts: list[Host], nproc_per_node: int, port: int, run_id: str,
                      command: list[str]) -> list[str]:
     """Node ``i``'s torchrun line. No agent serves the rendezvous store (``is_host=0``): the
-    store process ``run_nodes`` starts on host 0 does."""
+    launcher does (``Store``, on host 0)."""
     return [*hosts[i].prefix(), sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={len(hosts)}", f"--nproc-per-node={nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0].address}:{port}",
@@ -179,8 +179,7 @@ def run_nodes(command: list[str], hosts: list[Host], nproc_per_node: int, *,
     port = port or free_port()
     run_id = f"wb{os.getpid()}-{port}"
     base = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
-    nodes, readers = [], []
-    store = start_store(hosts[0], port, base)
+    nodes, readers, store = [], [], None
     try:
         for i, host in enumerate(hosts):
             tag = f"{run_id}/{i}"
@@ -192,6 +191,7 @@ def run_nodes(command: list[str], hosts: list[Host], nproc_per_node: int, *,
             nodes.append(Node(host, proc, tag))
             readers.append(threading.Thread(target=_read, args=(i, nodes[-1], echo), daemon=True))
             readers[-1].start()
+        store = Store(hosts[0], port)                # the agents wait for it (their clients retry)
         start, failed_at = time.monotonic(), None
         while any(n.proc.poll() is None for n in nodes):
             now = time.monotonic()
@@ -206,42 +206,67 @@ def run_nodes(command: list[str], hosts: list[Host], nproc_per_node: int, *,
     finally:
         for n in nodes:                              # whatever happened: nothing survives
             _stop(n)
-        stop_store(store)                            # the last to leave: after every agent
+        if store:
+            store.stop()                             # the last to leave: after every agent
         for t in readers:
             t.join(timeout=5)
     return nodes
 
 
-def start_store(host: Host, port: int, env: dict, wait: float = 60.0) -> subprocess.Popen:
-    """The rendezvous store, served on ``host`` at ``port`` by a process of its own; returns once
-    it listens, or raises OSError (one line: what it said) if it could not."""
-    proc = subprocess.Popen(
-        [*host.prefix(), sys.executable, "-m", "workbook.runtime.rendezvous_store", str(port)],
-        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True)
-    said, ready = [], threading.Event()     # its first line: "ready PORT", or "" at its exit
-    threading.Thread(target=lambda: (said.append(proc.stdout.readline()), ready.set()),
-                     daemon=True).start()
-    if not ready.wait(wait) or not said[0].startswith("ready"):
-        stop_store(proc)
-        said = (proc.stderr.read() or "").strip().splitlines()
-        raise OSError(said[-1] if said else f"the rendezvous store did not start in {wait:g} s")
-    return proc
+class Store:
+    """The job's rendezvous store (a ``TCPStore`` on every address of ``host`` at ``port``), served
+    by a thread of this process, the launcher: it outlives every agent (an agent that closes the
+    rendezvous last still finds it; run 4's failure, when the serving agent had left first) and
+    leaves with the launcher, however that ends. On a network-namespace host the thread enters
+    the namespace first (``setns``: a thread's own, the process stays where it is)."""
 
+    def __init__(self, host: Host, port: int, wait: float = 60.0):
+        import torch.distributed                   # here, not in the thread: imports stay serial
+        self.host, self.port, self.said = host, port, []
+        self._up, self._done = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True,
+                                        name=f"rendezvous-store-{port}")
+        self._thread.start()
+        if not self._up.wait(wait) or self.said:
+            self.stop()
+            raise OSError(self.said[0] if self.said else
+                          f"rendezvous store: it did not start in {wait:g} s")
 
-def stop_store(proc: subprocess.Popen) -> None:
-    """Close the store's stdin (it stops on that), then SIGTERM, then SIGKILL; return once gone.
-    The first step may take some seconds on a loaded machine (the store's interpreter exits,
-    torch and all: 3 s was not always enough at a load of 11 on 2 cores); the bound is not a
-    pause, the wait ends when the store does."""
-    for step, bound in ((proc.stdin.close, 20.0), (proc.terminate, 5.0), (proc.kill, 5.0)):
+    def _serve(self) -> None:
         try:
-            step()
-            proc.wait(timeout=bound)
+            if self.host.netns:
+                _enter_netns(self.host.netns)
+            from datetime import timedelta
+
+            from torch.distributed import TCPStore
+            store = TCPStore("0.0.0.0", self.port, is_master=True, wait_for_workers=False,
+                             timeout=timedelta(seconds=60))
+        except (OSError, RuntimeError) as exc:     # the port is taken, most often
+            self.said.append(f"rendezvous store: cannot serve port {self.port}: "
+                             f"{exc}".splitlines()[0])
+            self._up.set()
             return
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    proc.wait()
+        self._up.set()
+        self._done.wait()
+        del store                                  # the server stops, the port closes
+
+    def stop(self) -> None:
+        """Stop serving; return once the port is closed (or, stuck starting, after 10 s: the
+        thread is a daemon, it ends with this process)."""
+        self._done.set()
+        self._thread.join(timeout=10)
+
+
+def _enter_netns(name: str) -> None:
+    """Move the calling thread into network namespace ``name`` (``ip netns``'s, root only)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000):             # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns into {name}: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
 
 
 def _read(i: int, node: Node, echo) -> None:
