@@ -38,6 +38,44 @@ ENV_NO_GRADE = "WORKBOOK_LESSONS_NO_GRADE"
 ENV_TEST_SIZE = "WORKBOOK_LESSONS_TEST_SIZE"
 
 
+def _defer_iri_parsers(name: str = "rfc3987_syntax") -> None:
+    """A lesson's first plotly figure imports plotly's notebook renderer, which imports nbformat,
+    then jsonschema, whose format checkers import ``rfc3987_syntax`` at once: that import
+    builds some 35 Earley parsers (lark) for jsonschema's ``iri`` format, about 2 s of CPU in
+    every kernel, for a format no notebook schema uses (python-jsonschema/jsonschema#1428).
+    Here the module is a stand-in until it is used: ``is_valid_syntax`` (what jsonschema calls)
+    or any other name of it imports the real module on first use, so ``iri`` is checked exactly
+    as before, and where the package is not installed nothing changes."""
+    import importlib
+    import importlib.util
+    import types
+    if name in sys.modules:
+        return
+    try:
+        if importlib.util.find_spec(name) is None:
+            return
+    except (ImportError, ValueError):
+        return
+    stand_in = types.ModuleType(name, "stand-in: imports the real module on first use")
+
+    def real():
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+        return importlib.import_module(name)
+
+    def attribute(attr: str):
+        if attr.startswith("__"):         # the import system asks for __path__ etc.: not a use
+            raise AttributeError(attr)
+        return getattr(real(), attr)
+
+    stand_in.is_valid_syntax = lambda term, value: real().is_valid_syntax(term, value)
+    stand_in.__getattr__ = attribute
+    sys.modules[name] = stand_in
+
+
+_defer_iri_parsers()      # every lesson imports this module before its first figure
+
+
 def sized(full, in_tests):
     """``full``: the size a lesson runs at; ``in_tests`` where the test suite runs the lesson
     (the environment variable ``WORKBOOK_LESSONS_TEST_SIZE=1``, which the notebook, browser and
