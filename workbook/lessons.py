@@ -52,11 +52,14 @@ def _defer_iri_parsers(name: str = "rfc3987_syntax") -> None:
     if name in sys.modules:
         return
     try:
-        if importlib.util.find_spec(name) is None:
-            return
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return
+    if spec is None:
+        return
     stand_in = types.ModuleType(name, "stand-in: imports the real module on first use")
+    stand_in.__spec__ = spec          # find_spec and reload see the real module's,
+    stand_in.__path__ = spec.submodule_search_locations or []   # and its submodules import
 
     def real():
         if sys.modules.get(name) is stand_in:
