@@ -39,20 +39,16 @@ ENV_TEST_SIZE = "WORKBOOK_LESSONS_TEST_SIZE"
 
 
 def _defer_iri_parsers(name: str = "rfc3987_syntax") -> None:
-    """A lesson's first plotly figure imports plotly's notebook renderer, which imports nbformat,
-    then jsonschema, whose format checkers import ``rfc3987_syntax`` at once: that import
-    builds some 35 Earley parsers (lark) for jsonschema's ``iri`` format, about 2 s of CPU in
-    every kernel, for a format no notebook schema uses (python-jsonschema/jsonschema#1428).
-    Here the module is a stand-in until it is used: ``is_valid_syntax`` (what jsonschema calls)
-    or any other name of it imports the real module on first use, so ``iri`` is checked exactly
-    as before, and where the package is not installed nothing changes."""
+    """A lesson's first plotly figure imports nbformat, then jsonschema, whose format checkers
+    import ``rfc3987_syntax``: that import builds some 35 lark parsers for the ``iri`` format
+    (2 s of CPU in every kernel; no notebook schema uses it; python-jsonschema/jsonschema#1428).
+    Here it is a stand-in until used: ``is_valid_syntax`` (what jsonschema calls) or any other
+    name imports the real module, so ``iri`` is checked as before. Not installed: no change."""
     import importlib
     import importlib.util
     import types
-    if name in sys.modules:
-        return
     try:
-        spec = importlib.util.find_spec(name)
+        spec = None if name in sys.modules else importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return
     if spec is None:
