@@ -38,7 +38,7 @@ ENV_NO_GRADE = "WORKBOOK_LESSONS_NO_GRADE"
 ENV_TEST_SIZE = "WORKBOOK_LESSONS_TEST_SIZE"
 
 
-def _defer_iri_parsers(name: str = "rfc3987_syntax") -> None:
+def defer_iri_parsers(name: str = "rfc3987_syntax") -> None:
     """A lesson's first plotly figure imports nbformat, then jsonschema, whose format checkers
     import ``rfc3987_syntax``: that import builds some 35 lark parsers for the ``iri`` format
     (2 s of CPU in every kernel; no notebook schema uses it; python-jsonschema/jsonschema#1428).
@@ -72,7 +72,7 @@ def _defer_iri_parsers(name: str = "rfc3987_syntax") -> None:
     sys.modules[name] = stand_in
 
 
-_defer_iri_parsers()      # every lesson imports this module before its first figure
+defer_iri_parsers()      # every lesson imports this module before its first figure
 
 
 def sized(full, in_tests):
