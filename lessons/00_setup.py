@@ -38,11 +38,15 @@ print("torch", torch.__version__, "| CPU cores:", os.cpu_count(),
 # ## What can this machine do? `workbook doctor`
 #
 # The doctor lists the usable backends, the GPUs, and how fast this CPU multiplies matrices
-# (that rate calibrates the simulated link of lesson 3).
+# (that rate calibrates the simulated link of lesson 3). The cell runs the `workbook` command
+# in this kernel, which has torch loaded already; `workbook doctor` in a terminal prints the same.
 
 # %%
-print(subprocess.run([sys.executable, "-m", "workbook.cli", "doctor"],
-                     capture_output=True, text=True).stdout)
+from workbook.cli import main as workbook       # the `workbook` command: workbook(["doctor"])
+
+threads = torch.get_num_threads()
+workbook(["doctor"])
+torch.set_num_threads(threads)                  # the doctor measured as one of 2 ranks computes
 
 # %% [markdown]
 # ### If you have one GPU

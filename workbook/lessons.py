@@ -24,6 +24,8 @@ The small things every lesson needs, kept here so the notebooks stay prose and e
   reference in for an unfinished lab. In a student release (no ``solutions/``) its cells that
   depend on the reference show what it produced when the release was made
   (``workbook.instructor.lesson_recording``), labelled, with the tasks to finish to see yours.
+
+Imported, it defers jsonschema's IRI parsers (``defer_iri_parsers``): 2 s of CPU per kernel.
 """
 from __future__ import annotations
 
@@ -36,6 +38,43 @@ from workbook.trace.view import live_output, show_in  # noqa: F401 (what a widge
 
 ENV_NO_GRADE = "WORKBOOK_LESSONS_NO_GRADE"
 ENV_TEST_SIZE = "WORKBOOK_LESSONS_TEST_SIZE"
+
+
+def defer_iri_parsers(name: str = "rfc3987_syntax") -> None:
+    """A lesson's first plotly figure imports nbformat, then jsonschema, whose format checkers
+    import ``rfc3987_syntax``: that import builds some 35 lark parsers for the ``iri`` format
+    (2 s of CPU in every kernel; no notebook schema uses it; python-jsonschema/jsonschema#1428).
+    Here it is a stand-in until used: ``is_valid_syntax`` (what jsonschema calls) or any other
+    name imports the real module, so ``iri`` is checked as before. Not installed: no change."""
+    import importlib
+    import importlib.util
+    import types
+    try:
+        spec = None if name in sys.modules else importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return
+    if spec is None:
+        return
+    stand_in = types.ModuleType(name, "stand-in: imports the real module on first use")
+    stand_in.__spec__ = spec          # find_spec and reload see the real module's,
+    stand_in.__path__ = spec.submodule_search_locations or []   # and its submodules import
+
+    def real():
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+        return importlib.import_module(name)
+
+    def attribute(attr: str):
+        if attr.startswith("__"):         # the import system asks for __path__ etc.: not a use
+            raise AttributeError(attr)
+        return getattr(real(), attr)
+
+    stand_in.is_valid_syntax = lambda term, value: real().is_valid_syntax(term, value)
+    stand_in.__getattr__ = attribute
+    sys.modules[name] = stand_in
+
+
+defer_iri_parsers()      # every lesson imports this module before its first figure
 
 
 def sized(full, in_tests):
