@@ -225,7 +225,8 @@ def test_a_hang_scores_zero_with_its_report_and_the_rest_is_graded(bundle, tmp_p
         assert f"rank {rank}: in your recv" in hung["output"]
     assert tests["ring_allreduce::ring_all_reduce_pattern"]["score"] == 0     # reads that run
     others = [t for name, t in tests.items() if "ring_all_reduce_" not in name]
-    assert len(others) == 10 and all(t["score"] == t["max_score"] for t in others), others
+    lost = [(t["name"], t["output"][:600]) for t in others if t["score"] < t["max_score"]]
+    assert len(others) == 10 and not lost, lost
     assert "graded: labs/ring_allreduce.py, overlap_math.py" in res["output"]
     # the hung ranks were killed with their pool, and the rest ended with the run: no process
     # holds this grading's $AUTOGRADER_ROOT (its ranks inherit it, not its command line)
