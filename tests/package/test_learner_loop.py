@@ -84,8 +84,8 @@ def test_wrong_answers_give_verdicts_not_hangs(tmp_path, capsys, monkeypatch):
     ranks: each build's verdict names the rank and says expected vs got; exit 1; no hang.
     (``workbook run`` in this process, on the ranks the test above warmed, which it stops as it
     returns: the command's own process is started by the hang test below and by the grader's
-    test. 2 ranks, as the collectives wrong labs are graded (``test_ring_collectives_wrong_caught``):
-    on 4 the same verdicts took twice the CPU, every check's cases run on two ranks more.)"""
+    test. 2 ranks, as the collectives wrong labs are graded in
+    ``test_ring_collectives_wrong_caught``: on 4 the same verdicts took twice the CPU.)"""
     from workbook import cli
     lab = _lab_copy(tmp_path, "wrong", REDUCE_NEVER_COMBINES, BROADCAST_INTO_SCRATCH)
     monkeypatch.setenv("WORKBOOK_IMPL", "labs")              # the run sets it; restored after
