@@ -1,10 +1,12 @@
 """The learner's loop, tried the way a new user meets it: a wrong answer, a hang, a stub.
 
-* a wrong answer gives a verdict (rank, build, expected vs got), exit 1, never a hang report;
-* a hang ends in the per-rank report, exit 2, under ``workbook run`` and under ``torchrun`` (one
-  report, not a traceback per rank), and leaves no process behind; default options arm it with
-  the default timeout (read from what the self-check is handed), the real hang runs with a short
-  one;
+* a wrong answer gives a verdict (rank, build, expected vs got), exit 1, never a hang report
+  (on 2 ranks, in this process, on the rank pool the exception test below warmed);
+* a hang ends in the per-rank report, exit 2, under ``workbook run`` (4 ranks: the report says
+  which ranks wait for which and that they disagree) and under ``torchrun`` (2 ranks, each a
+  process importing torch: one report, not a traceback per rank), and leaves no process behind;
+  default options arm it with the default timeout (read from what the self-check is handed), the
+  real hang runs with a short one;
 * every generated stub's self-check exits 1 (``test_release_learner.py``: the release's stubs,
   which are the course's ``labs/`` at the standard level, every lab in one ``workbook run``);
 * the grader lists each failure once, with its full message and without its own source.
@@ -48,8 +50,10 @@ BROADCAST_INTO_SCRATCH = ("        dist.recv(tensor, src=src)\n    ### END SOLUT
                           "def tree_broadcast",
                           "        dist.recv(torch.empty_like(tensor), src=src)\n    ### END SOLUTION\n"
                           "    return tensor\n\n\ndef tree_broadcast")
+# the last rank skips its receive of the barrier's last round: on 4 ranks rank 3 skips step 2
+# (rank 1's send to it never completes), on 2 ranks rank 1 skips step 1 (rank 0's send)
 BARRIER_SKIPS_A_RECV = ("        dist.recv(heard, src=(rank - step) % n)\n",
-                        "        if not (rank == 3 and step == 2):\n"
+                        "        if not (rank == n - 1 and 2 * step >= n):\n"
                         "            dist.recv(heard, src=(rank - step) % n)\n")
 
 
@@ -60,16 +64,33 @@ def _workbook(*args, timeout=240) -> tuple[int, str, float]:
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
 
 
+def test_a_learners_exception_names_their_line(tmp_path, monkeypatch):
+    """An exception in the learner's code names their file and line. (First in this module: the
+    2-rank pool and fork server it starts in this process serve the wrong answers' run below.)"""
+    lab = _lab_copy(tmp_path, "raises", ("    mask = 1\n    while mask < n:\n        if v < mask",
+                                         "    mask = 1\n    [][rank]\n    while mask < n:\n        if v < mask"))
+    monkeypatch.setenv("WORKBOOK_IMPL", "labs")              # restored after the test
+    from workbook.selfcheck import self_check
+    verdicts = []
+    code = self_check("collectives", impl=str(lab), nproc=2, write=verdicts.append)
+    text = "\n".join(verdicts)
+    assert code == 1, text
+    assert "your code raised IndexError" in text and "collectives.py:" in text, text
+    assert "in tree_broadcast" in text, text
+
+
 def test_wrong_answers_give_verdicts_not_hangs(tmp_path, capsys, monkeypatch):
-    """A reduce that never combines and a broadcast that receives into a scratch buffer, on 4
+    """A reduce that never combines and a broadcast that receives into a scratch buffer, on 2
     ranks: each build's verdict names the rank and says expected vs got; exit 1; no hang.
-    (``workbook run`` in this process, on its warm ranks: the command's own process is
-    started by the hang test below and by the grader's test.)"""
+    (``workbook run`` in this process, on the ranks the test above warmed, which it stops as it
+    returns: the command's own process is started by the hang test below and by the grader's
+    test. 2 ranks, as the collectives wrong labs are graded in
+    ``test_ring_collectives_wrong_caught``: on 4 the same verdicts took twice the CPU.)"""
     from workbook import cli
     lab = _lab_copy(tmp_path, "wrong", REDUCE_NEVER_COMBINES, BROADCAST_INTO_SCRATCH)
     monkeypatch.setenv("WORKBOOK_IMPL", "labs")              # the run sets it; restored after
     t0 = time.monotonic()
-    code = cli.main(["run", "collectives", "--impl", str(lab), "--nproc", "4"])
+    code = cli.main(["run", "collectives", "--impl", str(lab), "--nproc", "2"])
     seconds = time.monotonic() - t0
     captured = capsys.readouterr()
     out = captured.out + captured.err
@@ -102,9 +123,12 @@ def test_default_options_arm_the_hang_report_with_the_default_timeout(tmp_path, 
 
 
 def test_a_hang_ends_in_the_report(tmp_path):
-    """A barrier that skips one receive: ``workbook run`` and ``torchrun`` (run side by side)
-    both end with the per-rank report, exit status 2, in few lines, and leave no process behind.
-    The no-progress timeout is short here; the test above shows the default one is armed."""
+    """A barrier that skips one receive: ``workbook run`` (4 ranks) and ``torchrun`` (2 ranks;
+    run side by side) both end with the per-rank report, exit status 2, in few lines, and leave
+    no process behind. The no-progress timeout is short here; the test above shows the default
+    one is armed. (torchrun on 2 ranks: each of its ranks is a process of its own importing
+    torch, and one report instead of a traceback per rank needs only a second rank; on 4 it
+    cost twice the CPU.)"""
     lab = _lab_copy(tmp_path, "hang", BARRIER_SKIPS_A_RECV)
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
@@ -116,7 +140,7 @@ def test_a_hang_ends_in_the_report(tmp_path):
         stderr=subprocess.STDOUT)}
     if torchrun:
         jobs["torchrun"] = subprocess.Popen(
-            [torchrun, "--standalone", "--nproc_per_node=4", str(lab / "collectives.py"),
+            [torchrun, "--standalone", "--nproc_per_node=2", str(lab / "collectives.py"),
              *timeout], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT)
     outs = {name: p.communicate(timeout=300)[0] for name, p in jobs.items()}
@@ -133,7 +157,7 @@ def test_a_hang_ends_in_the_report(tmp_path):
         out = outs["torchrun"]
         assert jobs["torchrun"].returncode != 0, out           # torchrun turns any failure into 1
         assert "HANG  barrier_waits_for_everyone" in out, out
-        assert "rank 1: in your wait() on isend" in out and "dst=3)" in out, out
+        assert "rank 0: in your wait() on isend" in out and "dst=1)" in out, out  # rank 1 skipped
         assert "exitcode  : 2" in out, out                      # rank 0 carried status 2
         assert out.count("HANG  ") == 1, out                    # one report, not one per rank
         assert "Timed out waiting" not in out, out
@@ -156,19 +180,6 @@ def test_grader_lists_each_failure_once_in_full(tmp_path):
     assert "collectives::reduce_matches_builtin" in out and "TOTAL" in out
     assert "short test summary" not in out and "def _check" not in out, out
     assert "\nE " not in out, out                               # no pytest assertion dump
-
-
-def test_a_learners_exception_names_their_line(tmp_path, monkeypatch):
-    lab = _lab_copy(tmp_path, "raises", ("    mask = 1\n    while mask < n:\n        if v < mask",
-                                         "    mask = 1\n    [][rank]\n    while mask < n:\n        if v < mask"))
-    monkeypatch.setenv("WORKBOOK_IMPL", "labs")              # restored after the test
-    from workbook.selfcheck import self_check
-    verdicts = []
-    code = self_check("collectives", impl=str(lab), nproc=2, write=verdicts.append)
-    text = "\n".join(verdicts)
-    assert code == 1, text
-    assert "your code raised IndexError" in text and "collectives.py:" in text, text
-    assert "in tree_broadcast" in text, text
 
 
 # --------------------------------------------------------------------------- the timing policy

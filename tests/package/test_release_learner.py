@@ -23,6 +23,7 @@ those two runs.
 from __future__ import annotations
 
 import ast
+import compileall
 import json
 import os
 import re
@@ -60,9 +61,15 @@ def public_points(folder: Path, lab: str) -> float:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """The release a learner is handed (no recorded lessons: test_release_lessons has those)."""
+    """The release a learner is handed (no recorded lessons: test_release_lessons has those),
+    its package and labs byte-compiled once, as a learner's first run leaves them (Python writes
+    ``__pycache__`` unless ``PYTHONDONTWRITEBYTECODE`` is set, as here and on some CI machines:
+    then each of this module's processes, the fork servers too, compiled the release's package
+    again; ``bootstrap.compile_sources`` does the same for the course)."""
     folder = tmp_path_factory.mktemp("learner") / "release"
     release.make_release(ROOT, folder, LEVEL, record=False)
+    for sources in ("workbook", "labs"):
+        assert compileall.compile_dir(folder / sources, quiet=1), sources
     return folder
 
 
