@@ -20,7 +20,9 @@ Overlap (fp32, 2 ranks, simulated ``dgx-h100`` link), through the shared timing 
 (``workbook.grading.timing``): structure first (when each bucket's all-reduce was issued against
 when its gradients were ready; all-gathers waited on right after they started), then the share of
 the link time hidden behind compute, read from the trace, rank skew excused, near misses measured
-again.
+again. The structure is program order (``CountGemms``), the same at any width: it is judged first
+on the same step of a model of hidden size 64 with the same 7 layers (on the untimed link, in
+about a second), before the wide model is measured, and the measured run judges it again.
 
 Numbers first: a variant's traffic and overlap earn nothing while that variant's numerics fail
 (``workbook.grading.checks.numbers_first``; the numerics run is read again, not repeated), and
@@ -158,56 +160,116 @@ def _run_traffic(trace_dir: str, variant: str) -> dict:
         "element_bytes": next(trainer.model.parameters()).element_size()}}
 
 
-def _overlap(trace_dir: str, variant: str) -> dict:
-    """One profiled step (after two warm-up steps) on a model whose compute can cover the
-    traffic; the link's ops per pass, and when each gradient became ready."""
+OVERLAP_MODEL = dict(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, seq_len=256,
+                     vocab_size=256, dtype="float32")       # compute that can cover the traffic
+OVERLAP_ROWS, OVERLAP_BUCKET_BYTES = 8, 1 << 20             # per rank; a bucket of its step
+STRUCTURE_MODEL = dict(n_layers=4, dtype="float32")         # hidden 64: the same 7 layers, the
+STRUCTURE_ROWS, STRUCTURE_BUCKET_BYTES = 2, 64 << 10        # same program order; several buckets
+
+
+def _prepare(lab, variant: str, model: dict, rows: int, bucket_bytes: int):
+    """``variant`` on ``ModelConfig(**model)`` after two warm-up steps on ``rows`` rows a rank,
+    instrumented: ``(trainer, the third batch, ready, marks)``; ``ready`` gets the time each
+    gradient is made, ``marks`` when the backward pass and the optimizer step begin."""
     import torch.distributed as dist
     from workbook.model import ModelConfig, make_batch
     from workbook.runtime.launch import device
     n, dev = dist.get_world_size(), device()
-    cfg = ModelConfig(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, seq_len=256,
-                      vocab_size=256, dtype="float32")
-    batches = [make_batch(cfg, 8 * n, seed=s) for s in range(3)]
+    cfg = ModelConfig(**model)
+    batches = [[b.to(dev) for b in make_batch(cfg, rows * n, seed=s)] for s in range(3)]
     ready, marks = [], {}
-
-    def prepare(lab):
-        trainer = _make(lab, variant, cfg, dev) if variant != "bucketed" else \
-            lab.BucketedDP(cfg, dev, bucket_bytes=1 << 20)
-        for step in range(2):
-            trainer.train_step(*(b.to(dev) for b in batches[step]), step)
-        for p in trainer.model.parameters():         # when each gradient is made: a tensor hook
-            p.register_hook(lambda g: ready.append(time.perf_counter_ns()))  # runs before the
+    trainer = _make(lab, variant, cfg, dev) if variant != "bucketed" else \
+        lab.BucketedDP(cfg, dev, bucket_bytes=bucket_bytes)
+    for step in range(2):
+        trainer.train_step(*batches[step], step)
+    for p in trainer.model.parameters():             # when each gradient is made: a tensor hook
+        p.register_hook(lambda g: ready.append(time.perf_counter_ns()))  # runs before the
                                                      # accumulation, and so before the lab's hooks
-        trainer.model.register_forward_hook(
-            lambda *_: marks.setdefault("backward", time.perf_counter_ns()) and None)
-        optimizer_step = trainer.optimizer_step
+    trainer.model.register_forward_hook(
+        lambda *_: marks.setdefault("backward", time.perf_counter_ns()) and None)
+    optimizer_step = trainer.optimizer_step
 
-        def timed_step():
-            marks["optimizer"] = time.perf_counter_ns()
-            optimizer_step()
-        trainer.optimizer_step = timed_step
-        return trainer
+    def timed_step():
+        marks["optimizer"] = time.perf_counter_ns()
+        optimizer_step()
+    trainer.optimizer_step = timed_step
+    return trainer, batches[2], ready, marks
 
-    def step(lab, trainer):
-        trainer.train_step(*(b.to(dev) for b in batches[2]), 2)
-    run = profile_lab_step(LAB, LINK, trace_dir, prepare, step)
-    if isinstance(run, dict):
-        return run
-    ops = run.link_ops
+
+def _op_structure(ops, ready: list, marks: dict) -> tuple[dict, dict]:
+    """What ``_structure`` reads of the link ops ``ops`` of one step: the all-reduced bytes issued
+    after the last gradient was ready (and the largest, and all of them), and per pass (its ops,
+    ``{"mine": ...}``) the gathers and reduce-scatters waited on at once (no GEMM in between)."""
     last_ready = max(ready) if ready else 0
-    result = {**run.head(),
-              "late_bytes": sum(r.size_bytes for r in ops if r.op == "all_reduce"
+    result = {"late_bytes": sum(r.size_bytes for r in ops if r.op == "all_reduce"
                                 and r.issued_ns > last_ready),
               "largest": max([r.size_bytes for r in ops if r.op == "all_reduce"], default=0),
               "all_reduce_bytes": sum(r.size_bytes for r in ops if r.op == "all_reduce")}
+    phases = {}
     for phase in ("forward", "backward"):
         mine = [r for r in ops if _phase(r.issued_ns, marks) == phase]
-        at_once = [r for r in mine if r.op == "all_gather" and waited_at_once(r)]
-        scatters_at_once = [r for r in mine if r.op == "reduce_scatter" and waited_at_once(r)]
-        result[phase] = {**run.figures(phase, mine), "at_once": len(at_once),
-                         "gathers": sum(r.op == "all_gather" for r in mine),
-                         "scatters_at_once": len(scatters_at_once),
-                         "scatters": sum(r.op == "reduce_scatter" for r in mine)}
+        phases[phase] = mine
+        result[phase] = {
+            "at_once": sum(r.op == "all_gather" and waited_at_once(r) for r in mine),
+            "gathers": sum(r.op == "all_gather" for r in mine),
+            "scatters_at_once": sum(r.op == "reduce_scatter" and waited_at_once(r) for r in mine),
+            "scatters": sum(r.op == "reduce_scatter" for r in mine)}
+    return result, phases
+
+
+def _overlap(trace_dir: str, variant: str) -> dict:
+    """One profiled step (after two warm-up steps) on a model whose compute can cover the
+    traffic; the link's ops per pass, and when each gradient became ready."""
+    state = {}
+
+    def prepare(lab):
+        state["run"] = _prepare(lab, variant, OVERLAP_MODEL, OVERLAP_ROWS, OVERLAP_BUCKET_BYTES)
+        return state["run"][0]
+
+    def step(lab, trainer):
+        trainer.train_step(*state["run"][1], 2)
+    run = profile_lab_step(LAB, LINK, trace_dir, prepare, step)
+    if isinstance(run, dict):
+        return run
+    _, _, ready, marks = state["run"]
+    counts, phases = _op_structure(run.link_ops, ready, marks)
+    result = {**run.head(), **counts}
+    for phase, mine in phases.items():
+        result[phase] = {**run.figures(phase, mine), **counts[phase]}
+    return result
+
+
+def _structure_run(variant: str) -> dict:
+    """On every rank: the overlap run's step of ``variant`` on a model of hidden size 64 (the
+    same 7 layers), its GEMMs counted, on the simulated link at full speed (``untimed_link``:
+    the structure is counted, not timed): what ``_structure`` reads, as ``_overlap`` gives it.
+    Program order does not depend on the model's width, so a structural mistake is named here
+    in about a second, before the measured run trains the wide model."""
+    import torch.distributed as dist
+
+    from workbook import link
+    from workbook.grading.labs import load_lab
+    from workbook.link.program_order import CountGemms
+    rank = dist.get_rank()
+    result = {"rank": rank, "link": link.current_link().label}
+    try:
+        lab = load_lab(LAB)
+        with untimed_link():
+            trainer, batch, ready, marks = _prepare(lab, variant, STRUCTURE_MODEL, STRUCTURE_ROWS,
+                                                    STRUCTURE_BUCKET_BYTES)
+            dist.barrier()
+            before = len(link.op_log())
+            with CountGemms():
+                trainer.train_step(*batch, 2)
+            ops = [r for r in link.op_log()[before:] if r.op != "barrier"]
+    except NotImplementedError as exc:
+        return {"rank": rank, "not_implemented": str(exc)}
+    except Exception as exc:             # noqa: BLE001 - reported by the judge
+        return {"rank": rank, **rank_error(exc)}
+    counts, phases = _op_structure(ops, ready, marks)
+    result.update(counts)
+    for phase, mine in phases.items():
+        result[phase]["never_waited"] = sorted({r.op for r in mine if not r.first_wait_ns})
     return result
 
 
@@ -245,10 +307,12 @@ def _reference(tag: str, cfg, n: int):
     parameters after ``STEPS`` steps."""
     if (tag, n) not in _REFERENCE:
         from workbook.data_parallel import train_reference
+        from workbook.grading.threads import one_thread
         from workbook.model import grads_by_name, make_batch, params_by_name
         batches = [make_batch(cfg, ROWS * n, seed=100 + step) for step in range(STEPS)]
-        first = grads_by_name(train_reference(cfg, batches[:1]))   # .grad outlives the step
-        _REFERENCE[(tag, n)] = (first, params_by_name(train_reference(cfg, batches)))
+        with one_thread():                                          # a tiny model (threads.py)
+            first = grads_by_name(train_reference(cfg, batches[:1]))   # .grad outlives the step
+            _REFERENCE[(tag, n)] = (first, params_by_name(train_reference(cfg, batches)))
     return _REFERENCE[(tag, n)]
 
 
@@ -623,6 +687,20 @@ OVERLAP = {v: OverlapCheck(_overlap, limits, functools.partial(_structure, v),
            for v, limits in THRESHOLDS.items()}
 
 
+def _check_structure_first(variant: str) -> None:
+    """The structure of ``variant``'s overlap on the small model (``_structure_run``: program
+    order, counted in about a second), before its overlap run measures the wide one: a rank that
+    raised, then the first structural mistake (``_structure``), fails here."""
+    n, = world_sizes(2)
+    res = on_ranks(n, _structure_run, variant, link=LINK, timeout=TIMEOUT_S,
+                   key=("structure", variant))
+    for r in res:
+        raise_if_failed(r, r["rank"], len(res), OVERLAP[variant].failed)
+        problem = _structure(variant, r, tuple(THRESHOLDS[variant]))
+        if problem:
+            raise AssertionError(problem)
+
+
 trace_root = trace_root_fixture("dp_overlap_traces")
 test_traffic_naive = _traffic_test("naive", "NaiveDP")
 test_traffic_bucketed = _traffic_test("bucketed", "BucketedDP")
@@ -637,6 +715,7 @@ def test_bucketed_all_reduce_hidden(trace_root):
     """Bucketed DP: each bucket issued as soon as it is complete; at least 40% of the
     all-reduce time hidden behind the backward pass. Graded once its numbers are right."""
     _numbers_first("bucketed")
+    _check_structure_first("bucketed")
     OVERLAP["bucketed"].check(trace_root)
 
 
@@ -647,6 +726,7 @@ def test_zero2_traffic_hidden(trace_root):
     behind the next forward pass (30%: the first block's is exposed behind the embedding).
     Graded once ZeRO-2's numbers are right."""
     _numbers_first("zero2")
+    _check_structure_first("zero2")
     OVERLAP["zero2"].check(trace_root)
 
 
@@ -656,4 +736,5 @@ def test_zero3_gathers_hidden(trace_root):
     """ZeRO-3: one-layer prefetch hides the all-gathers, forward (30%) and backward (50%).
     Graded once ZeRO-3's numbers are right."""
     _numbers_first("zero3")
+    _check_structure_first("zero3")
     OVERLAP["zero3"].check(trace_root)

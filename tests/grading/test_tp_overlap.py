@@ -43,6 +43,7 @@ from workbook.grading.engine import graded_size, on_ranks, world_sizes
 from workbook.grading.model_checks import B, STEP, check_part, ints, raise_if_failed, ranks_label, \
     run_case, run_every_part, sequence_parallel_linears, to_cpu, traced_block_phases
 from workbook.grading.overlap_run import profile_lab_step
+from workbook.grading.threads import one_thread
 from workbook.grading.trace_checks import OverlapCheck, trace_root_fixture
 from workbook.link.program_order import waited_at_once
 
@@ -126,8 +127,12 @@ PARTS = {"linear": _run_linears, "mlp": _run_module("mlp"), "attn": _run_module(
 
 
 def _run_all() -> dict:
+    """On every rank: the ring ops and every part under every variant on every config, on one
+    intra-op thread (``workbook.grading.threads``: the cases are tiny; the 1-rank run took 6.2
+    CPU s on the two threads a rank alone has, 0.5 on one)."""
     from workbook.grading.labs import load_lab
-    return to_cpu(run_every_part(load_lab(LAB), _run_ring_ops, PARTS))
+    with one_thread():
+        return to_cpu(run_every_part(load_lab(LAB), _run_ring_ops, PARTS))
 
 
 def _block_state(lab, H: int, seq_len: int):
@@ -377,7 +382,8 @@ def _part_test(part: str, points: int, tasks: tuple, doc: str):
     @pytest.mark.points(points)
     @pytest.mark.tasks(*tasks)
     def test():
-        check_part(LAB, part, _results, _linears, synced=True)
+        with one_thread():                      # the references: tiny cases (threads.py)
+            check_part(LAB, part, _results, _linears, synced=True)
     test.__doc__ = f"{doc}, forward and backward, under every variant ({', '.join(VARIANTS)})."
     return test
 
@@ -409,9 +415,10 @@ def _numbers_first(*variants: str) -> None:
     found right is not compared again: its run is cached, so the verdict cannot change)."""
     for variant in variants:
         for part, test in NUMBERS_TESTS:
-            numbers_first(lambda: check_part(LAB, part, _variant_results(variant), _linears,
-                                             synced=True), f"{test} [{variant}]",
-                          once=("tp_overlap", variant, part))
+            with one_thread():                  # the references: tiny cases (threads.py)
+                numbers_first(lambda: check_part(LAB, part, _variant_results(variant), _linears,
+                                                 synced=True), f"{test} [{variant}]",
+                              once=("tp_overlap", variant, part))
 
 
 @pytest.mark.points(3)

@@ -12,6 +12,8 @@ tests/grading/wrong/dp_overlap_*/ fails exactly the checks it should, with a mes
   ZeRO overlap tests, on structure (no GEMM ran between a reduce-scatter's start and its wait:
   counted, not timed, so it fails at once on every run, as the timing policy puts structure
   first);
+  these three are caught by the grader's structure run (the overlap step on a model of hidden
+  size 64 with the same 7 layers, on the untimed link: no measured run);
 * grad_averaged_twice: ZeRO divides by n twice -> the ZeRO-1/2 and ZeRO-3 numerics, naming 1/n;
   numbers first, every ZeRO traffic and overlap check;
 * shard_wrong_slice: ZeRO-1/2's Adam steps the next rank's slice -> the ZeRO-1/2 numerics, and
