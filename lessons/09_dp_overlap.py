@@ -37,7 +37,7 @@ from workbook.model import ModelConfig, ReferenceModel, grads_by_name, make_batc
 
 PRESET = "dgx-h100"
 MODEL = dict(hidden=256, heads=4, ffn_hidden=1024, n_layers=2, seq_len=256, vocab_size=512)
-BATCH = 16                       # rows of the global batch: 8 per rank on 2 ranks, 2048 tokens each
+BATCH = sized(16, in_tests=4)    # rows of the global batch: 8 per rank on 2 ranks, 2048 tokens each
 UNITS = lesson.unit_names(MODEL["n_layers"])  # embed, block 0, block 1, final norm, head
 VARIANTS = ["naive", "bucketed", "zero1", "zero2", "zero3"]
 runs = Path(tempfile.mkdtemp(prefix="lesson9-"))

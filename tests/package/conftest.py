@@ -34,6 +34,11 @@ TIMED = {"test_wrong_impls_caught", "test_autograder", "test_class_grading", "te
 # started beside them); it is queued where what is left after it takes about as long as it does
 # (the other worker's share while the browser runs), so that both workers still end together
 LAST = {"test_browser"}
+# in the timed group (one worker, module after module), the autograder's gradings go last: each
+# starts a grading process and its rank pools, and the hang waits out its 15 s test timeout;
+# run first, they shared the cores with the grading stages (run 21: the hang 61 s, with 8 s of
+# CPU); last, those stages are done (they take about 320 s)
+TIMED_LATE = {"test_autograder"}
 # modules whose tests share no module fixture: each test is its own unit of work, so that the
 # short ones fill the gaps at the end of the run
 SPLIT = {"test_notebooks"}
@@ -85,6 +90,12 @@ def work_order(units: dict[str, int], seconds: dict) -> list[str]:
         at -= 1
         after += expected(order[at])
     return order[:at] + held + order[at:]
+
+
+def pytest_collection_modifyitems(config, items):
+    """``TIMED_LATE`` modules after the rest (a stable sort: every other test keeps its place);
+    a unit's tests go to its worker in this order."""
+    items.sort(key=lambda item: Path(item.nodeid.split("::", 1)[0]).stem in TIMED_LATE)
 
 
 @pytest.hookimpl(optionalhook=True)            # only where pytest-xdist is installed

@@ -40,3 +40,12 @@ def test_timed_first_then_longest_first_and_the_browser_held_back():
 def test_nothing_recorded_orders_by_the_number_of_tests():
     units = {"tests/package/test_a.py": 1, "tests/package/test_b.py": 5}
     assert work_order(units, {}) == ["tests/package/test_b.py", "tests/package/test_a.py"]
+
+
+def test_the_autograder_goes_last_and_every_other_test_keeps_its_place():
+    from types import SimpleNamespace
+    ids = ["tests/package/test_autograder.py::test_hang", "tests/package/test_bench_x.py::t",
+           "tests/package/test_autograder.py::test_full", "tests/package/test_zz.py::t"]
+    items = [SimpleNamespace(nodeid=i) for i in ids]
+    _conftest.pytest_collection_modifyitems(None, items)
+    assert [i.nodeid for i in items] == [ids[1], ids[3], ids[0], ids[2]]
