@@ -2,14 +2,17 @@
 fails exactly the tests it should, with a message that names the rank and what differed.
 
 Each case grades one wrong folder through the self-check engine in this process, on the warm
-rank pools (``wrong_labs.grade_in_process``: the grader's own test functions and messages). One
-case is also graded the way a course's CI runs it, in a pytest subprocess (``--impl
-tests/grading/wrong/X``, JUnit XML read back), and must fail the same tests with the same words.
+rank pools (``wrong_labs.grade_where_caught``: the grader's own test functions and messages), on
+the checks it must fail: a full grading fails exactly those (run 21 graded every check of every
+folder here and asserted it), and ``WORKBOOK_WRONG_LABS_ALL_CHECKS=1`` grades every check again
+to prove it after a grader changes. One case is also graded in full the way a course's CI runs
+it, in a pytest subprocess (``--impl tests/grading/wrong/X``, JUnit XML read back), and must fail
+the same tests with the same words.
 """
 from __future__ import annotations
 
 import pytest
-from wrong_labs import assert_caught, grade, grade_in_process
+from wrong_labs import assert_caught, grade, grade_where_caught
 
 # folder -> (grading test file, {failing test: words its message must contain})
 CASES = {
@@ -50,7 +53,8 @@ CASES = {
 @pytest.mark.parametrize("folder", sorted(CASES))
 def test_wrong_implementation_is_caught(folder):
     test_file, expected = CASES[folder]
-    assert_caught(folder, grade_in_process(folder, test_file[len("test_"):-len(".py")]), expected)
+    assert_caught(folder, grade_where_caught(folder, test_file[len("test_"):-len(".py")], expected),
+                  expected)
 
 
 def test_a_wrong_lab_is_caught_under_pytest_too(tmp_path):
