@@ -218,7 +218,9 @@ def stages() -> list[tuple[str, str, list]]:
     wb = [PY, "-m", "workbook.cli"]
     # the package tests on pytest-xdist workers, each module on one worker, every module that
     # reads measured time in one group that runs alone (tests/package/conftest.py);
-    # -p suite_clock records each test's time (tests/bench/suite_time.py reports it)
+    # -p suite_clock records each test's time (tests/bench/suite_time.py reports it); no nbmake:
+    # the lessons run through nbclient (test_notebooks.py), and its import costs every worker 2 s
+    # of CPU (jsonschema's IRI parsers; tests/package/conftest.py defers them)
     n = test_workers()
     workers = ["-n", str(n)] if n > 1 else []
     return [
@@ -227,7 +229,8 @@ def stages() -> list[tuple[str, str, list]]:
         ("import contracts", "", [VENV / "bin" / "lint-imports"]),
         # tests/gpu: the GPU suite; without CUDA every test skips (a second, no more)
         (PACKAGE_TITLE, "", [PY, "-m", "pytest", "-q", "tests/package", "tests/gpu",
-                             "-p", "no:cacheprovider", "-p", "suite_clock", *workers,
+                             "-p", "no:cacheprovider", "-p", "no:nbmake", "-p", "suite_clock",
+                             *workers,
                              "--durations=8"]),
         (SOLUTIONS_TITLE, "must be full marks", [*wb, "grade", "--impl", "solutions", "--strict"]),
         (STUB_TITLE, STUB_NOTE, [PY, "-m", "workbook.instructor.selftest", "stubs",

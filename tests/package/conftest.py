@@ -16,6 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from workbook.lessons import defer_iri_parsers
+
+# jsonschema's IRI parsers (about 2 s of CPU a process, built when nbclient first imports it; no
+# test validates an IRI): built on first use only, as in a lesson's kernel. The test command
+# loads no nbmake (-p no:nbmake), which would import them before this file.
+defer_iri_parsers()
+
 os.environ.setdefault("WORKBOOK_LOCAL_FLOPS", "5e10")
 # a warm rank keeps the weights it drew (workbook.model.init.full_weight): the graders build
 # the same model many times here, and drawing a large one takes seconds
@@ -38,7 +45,11 @@ LAST = {"test_browser"}
 # starts a grading process and its rank pools, and the hang waits out its 15 s test timeout;
 # run first, they shared the cores with the grading stages (run 21: the hang 61 s, with 8 s of
 # CPU); last, those stages are done (they take about 320 s)
-TIMED_LATE = {"test_autograder"}
+TIMED_LATE = {"test_class_grading", "test_autograder"}
+# long single tests that start several processes (the site's 37 pages in Chromium): handed out
+# once the other worker has had about the grading stages' time of work (GRADING_S), not beside
+# those stages (run 22: the site's pages 79.8 s there, 37 s after them in run 20)
+AFTER_GRADING, GRADING_S = {"test_site"}, 330.0
 # modules whose tests share no module fixture: each test is its own unit of work, so that the
 # short ones fill the gaps at the end of the run
 SPLIT = {"test_notebooks"}
@@ -64,7 +75,8 @@ def unit_of(nodeid: str) -> str:
 def work_order(units: dict[str, int], seconds: dict) -> list[str]:
     """The order in which units are handed out: ``timed`` first (one worker runs it, module after
     module), then the longest first (the classic longest-processing-time rule, which keeps the
-    two workers' ends close), the ``LAST`` modules held back until what is queued after them
+    two workers' ends close), the ``AFTER_GRADING`` modules where the units before them (the
+    timed unit aside) take ``GRADING_S``, the ``LAST`` modules held back until what is queued after them
     takes about as long as they do. ``units`` maps a unit to its number of tests; ``seconds`` is
     ``SECONDS_FILE``'s content: a unit's expected seconds are its own where recorded (a test of
     a ``SPLIT`` module), else its module's share, else two seconds a test."""
@@ -83,6 +95,13 @@ def work_order(units: dict[str, int], seconds: dict) -> list[str]:
         return max(modules.get(stem, 2.0 * in_module) - known, 0.0) * units[unit] / rest
 
     order = sorted(units, key=lambda u: (-expected(u), u))
+    later = [u for u in order if Path(u.split("::", 1)[0]).stem in AFTER_GRADING]
+    order = [u for u in order if u not in later]
+    at, before = 0, 0.0                      # the timed unit goes to one worker: not counted
+    while at < len(order) and before < GRADING_S:
+        before += 0.0 if order[at] == "timed" else expected(order[at])
+        at += 1
+    order = order[:at] + later + order[at:]
     held = [u for u in order if Path(u.split("::", 1)[0]).stem in LAST]
     order = [u for u in order if u not in held]
     at, after, browser = len(order), 0.0, sum(map(expected, held))
