@@ -95,15 +95,14 @@ def work_order(units: dict[str, int], seconds: dict) -> list[str]:
         return max(modules.get(stem, 2.0 * in_module) - known, 0.0) * units[unit] / rest
 
     order = sorted(units, key=lambda u: (-expected(u), u))
+    held = [u for u in order if Path(u.split("::", 1)[0]).stem in LAST]
     later = [u for u in order if Path(u.split("::", 1)[0]).stem in AFTER_GRADING]
-    order = [u for u in order if u not in later]
+    order = [u for u in order if u not in held and u not in later]
     at, before = 0, 0.0                      # the timed unit goes to one worker: not counted
     while at < len(order) and before < GRADING_S:
         before += 0.0 if order[at] == "timed" else expected(order[at])
         at += 1
     order = order[:at] + later + order[at:]
-    held = [u for u in order if Path(u.split("::", 1)[0]).stem in LAST]
-    order = [u for u in order if u not in held]
     at, after, browser = len(order), 0.0, sum(map(expected, held))
     while at > 1 and after + expected(order[at - 1]) <= browser:   # never before the first unit
         at -= 1
