@@ -182,17 +182,6 @@ SOLUTIONS_TITLE = "grading solutions/"
 # after the package tests' (docs/test-suite.md: a 2-core machine has cores to spare while tests
 # wait for ranks, kernels and browsers; every check they make holds under that load).
 BESIDE = (SOLUTIONS_TITLE, STUB_TITLE)
-# ... at a lower priority (nice 5): the package tests are the run's critical path (two workers,
-# about 14 minutes), the grading stages have room to spare (about 6 minutes of work beside
-# them), and the package tests leave the cores idle nearly half the time while they wait for
-# ranks, kernels and browsers: the grading stages take that time first instead of the tests'
-BESIDE_NICE = 5
-
-
-def _lower_priority() -> None:
-    """In a beside stage's process, before it runs: ``BESIDE_NICE`` (its ranks inherit it)."""
-    if hasattr(os, "nice"):
-        os.nice(BESIDE_NICE)
 CLOCK_DIR = ROOT / "runs" / "test-times"
 
 
@@ -307,8 +296,7 @@ def run_tests() -> int:
             t0 = time.time()
             with open(logs[title], "w") as log:
                 code = sh(*cmd, check=False, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                          env=_clock_env(clock, stage, as_option=True),
-                          preexec_fn=_lower_priority)
+                          env=_clock_env(clock, stage, as_option=True))
             results[title] = (code, time.time() - t0)
 
     with tempfile.TemporaryDirectory(prefix="workbook-stages-") as folder:

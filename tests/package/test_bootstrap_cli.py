@@ -217,23 +217,3 @@ def test_test_workers_is_read_from_the_environment(monkeypatch):
     with pytest.raises(SystemExit, match="WORKBOOK_TEST_WORKERS='two': give a whole number"):
         bootstrap.stages()
 
-
-def test_the_grading_stages_run_beside_at_a_lower_priority(monkeypatch):
-    """The grading stages beside the package tests start niced (their ranks inherit it): the
-    package tests, the run's critical path, get the cores first."""
-    seen = {}
-
-    def fake_sh(*cmd, check=True, quiet=False, **kw):
-        seen[tuple(map(str, cmd))] = kw.get("preexec_fn")
-        return 0
-
-    monkeypatch.setattr(bootstrap, "sh", fake_sh)
-    bootstrap.run_tests()
-    lowered = {title for title, _, cmd in bootstrap.stages()
-               if seen[tuple(map(str, cmd))] is bootstrap._lower_priority}
-    assert lowered == set(bootstrap.BESIDE)
-    code = "import os, sys; sys.path.insert(0, %r); from workbook import bootstrap; " \
-           "before = os.nice(0); bootstrap._lower_priority(); print(os.nice(0) - before)"
-    out = subprocess.run([sys.executable, "-c", code % str(bootstrap.ROOT)], capture_output=True,
-                         text=True, check=True).stdout
-    assert out.strip() == str(bootstrap.BESIDE_NICE)
