@@ -46,6 +46,7 @@ import pytest
 from workbook.grading.checks import numbers_first
 from workbook.grading.engine import on_ranks, simulated_link, world_sizes
 from workbook.grading.model_checks import raise_if_failed
+from workbook.grading.threads import one_thread
 from workbook.grading.trace_checks import trace_root_fixture
 
 LAB = "capstone"
@@ -83,14 +84,9 @@ def _traced_setup():
 @functools.lru_cache(maxsize=2)
 def single_device() -> dict:
     """The ground truth of the graded runs (one device, the same setup)."""
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)                  # a tiny model: threads only fight the ranks
-    try:
-        from workbook.capstone.capstone_train import train_single_device
+    from workbook.capstone.capstone_train import train_single_device
+    with one_thread():                        # a tiny model: threads only fight the ranks
         return train_single_device(_setup())
-    finally:
-        torch.set_num_threads(threads)
 
 
 def one_line_error(call, *args) -> str | None:

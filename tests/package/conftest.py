@@ -76,8 +76,8 @@ def work_order(units: dict[str, int], seconds: dict) -> list[str]:
     """The order in which units are handed out: ``timed`` first (one worker runs it, module after
     module), then the longest first (the classic longest-processing-time rule, which keeps the
     two workers' ends close), the ``AFTER_GRADING`` modules where the units before them (the
-    timed unit aside) take ``GRADING_S``, the ``LAST`` modules held back until what is queued after them
-    takes about as long as they do. ``units`` maps a unit to its number of tests; ``seconds`` is
+    timed unit aside) take ``GRADING_S``, the ``LAST`` modules held back until what is queued
+    after them takes about as long as they do. ``units`` maps a unit to its number of tests; ``seconds`` is
     ``SECONDS_FILE``'s content: a unit's expected seconds are its own where recorded (a test of
     a ``SPLIT`` module), else its module's share, else two seconds a test."""
     modules, tests = seconds.get("modules", {}), seconds.get("tests", {})
