@@ -106,6 +106,29 @@ def write_module_seconds(rows: list[dict], path: Path) -> None:
     print(f"wrote the seconds of {len(modules)} modules and {len(tests)} tests to {path}")
 
 
+def timeline(rows: list[dict], p) -> None:
+    """Each worker's span on the run's clock: when it began and ended, and how long it sat idle.
+
+    Idle is the span less its tests' time: collection at the start, waiting for the last test of
+    the other worker at the end, fixtures torn down between modules. Needs the ``start`` field
+    (clock files from 2026-11-27 on).
+    """
+    timed = [r for r in rows if "start" in r]
+    if not timed:
+        return
+    t0 = min(r["start"] for r in timed)
+    lanes: dict[str, list[dict]] = defaultdict(list)
+    for r in timed:
+        lanes[f"{r.get('stage', 'package')}/{r.get('worker', 'main')}"].append(r)
+    p(f"\ntimeline (s from the first test's start): each worker's span, its tests' time, idle")
+    p(f"{'worker':22} {'from':>6} {'to':>6} {'tests':>7} {'idle':>6}")
+    for lane, rs in sorted(lanes.items(), key=lambda kv: min(r["start"] for r in kv[1])):
+        begin = min(r["start"] for r in rs) - t0
+        end = max(r["start"] + r["wall"] for r in rs) - t0
+        busy = sum(r["wall"] for r in rs)
+        p(f"{lane:22} {begin:6.0f} {end:6.0f} {busy:7.0f} {max(end - begin - busy, 0):6.0f}")
+
+
 def report(rows: list[dict], top: int = 25, out=sys.stdout, labs=()) -> dict:
     tests = [r for r in rows if r.get("stage", "package") == "package"]
     stage_rows = [r for r in rows if r.get("stage", "package") != "package"]
@@ -171,6 +194,7 @@ def report(rows: list[dict], top: int = 25, out=sys.stdout, labs=()) -> dict:
                 part[1] += r.get("cpu", 0.0)
         for (stage, module), (wall, cpu) in sorted(parts.items(), key=lambda kv: -kv[1][0]):
             p(f"  {wall:7.1f} {cpu:7.1f}  {stage:9} {module}")
+    timeline(rows, p)
     return {"over_budget": over,
             "over_limit": [r["test"] for r in tests if r["wall"] > TEST_LIMIT_S]}
 
