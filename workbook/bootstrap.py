@@ -4,7 +4,8 @@ Standard library only, because it runs before anything is installed. Each comman
 
 1. creates ``.venv`` beside the package (or reuses it);
 2. installs torch if the venv lacks it: a CPU build where no NVIDIA GPU is present (never the
-   multi-GB CUDA build on a CPU machine), the default CUDA build where one is;
+   multi-GB CUDA build on a CPU machine; by uv where it can be had, pip otherwise), the
+   default CUDA build where one is;
 3. installs this package with its extras (``pip install -e ".[dev,notebooks]"``, done by uv
    where it can be had, pip otherwise) when ``pyproject.toml`` changed since the last install;
 4. ``test`` only: installs Debian's Chromium and its driver for the browser tests when it is missing and this
@@ -88,9 +89,14 @@ def ensure_venv() -> None:
     if not PY.exists():
         say(f"creating {VENV}")
         sh(sys.executable, "-m", "venv", VENV)
-        code, out = pip("install", "-q", "--upgrade", "pip", check=False, show=False)
-        if code:                                    # offline, say: the venv's own pip will do
-            say(f"could not upgrade pip, going on with the venv's own ({_last_line(out)})")
+        # a pip older than 21.3 cannot install a pyproject-only package in editable mode (PEP
+        # 660); a newer one is left as it is (upgrading it took 5 s and a download every time)
+        code, out = pip("--version", check=False, show=False)
+        version = tuple(int(x) for x in out.split()[1].split(".")[:2]) if code == 0 else (0, 0)
+        if version < (21, 3):
+            code, out = pip("install", "-q", "--upgrade", "pip", check=False, show=False)
+            if code:                                # offline, say: the venv's own pip will do
+                say(f"could not upgrade pip, going on with the venv's own ({_last_line(out)})")
 
 
 def ensure_torch() -> None:
@@ -101,6 +107,8 @@ def ensure_torch() -> None:
         pip("install", "-q", "torch>=2.4")
         return
     say("installing torch (CPU build: no NVIDIA GPU here)")
+    if uv_install(CPU_TORCH):
+        return
     code, first = pip("install", "-q", CPU_TORCH, check=False, show=False)
     if code == 0:
         return
@@ -122,27 +130,68 @@ def ensure_package() -> None:
 
 
 def _install_with_uv() -> bool:
-    """``pip install -e ".[dev,notebooks]"`` done by uv: the same packages and versions in
-    about a third of the time (JupyterLab and the site's tools are some hundred packages, which
-    pip unpacks one at a time: 54 s against 20 s here, uv itself included).
+    """``pip install -e ".[dev,notebooks]"`` done by uv (``uv_install``); where uv cannot be had
+    or fails, one line says so and returns False, and pip does the install as before. torch is
+    already in the venv (``ensure_torch``) and satisfies the package's ``torch>=2.4``, so uv
+    leaves it as it is."""
+    if uv_install("-e", f"{ROOT}[dev,notebooks]"):
+        return True
+    say(f"uv could not install the extras ({_last_line(_UV_FAILURE[-1])}); pip will")
+    return False
 
-    uv is installed into the venv by pip (a 3 s wheel). Where it cannot be had or fails (offline
-    with only a private index that uv is not configured for, an unsupported platform), this says
-    so on one line and returns False, and pip does the install as before. torch is already in
-    the venv (``ensure_torch``, by pip, which reads this machine's pip configuration) and
-    satisfies the package's ``torch>=2.4``, so uv leaves it as it is.
+
+_UV_FAILURE = ["uv not tried"]
+
+
+def uv_install(*requirements: str) -> bool:
+    """``pip install REQUIREMENTS`` done by uv, from the indexes and wheel folders pip would use.
+
+    uv installs the same packages and versions in about a third of pip's time: it unpacks and
+    byte-compiles on every core, where pip unpacks one file at a time (the extras, some hundred
+    packages: 54 s against 20 s here; torch: 33 CPU s in one process against 25 CPU s on two).
+    uv does not read pip's configuration, so ``pip config list`` (files and ``PIP_*``
+    variables) is passed on as uv's flags (``uv_flags_from_pip_config``): on this course's
+    machines the CPU build of torch lies in a wheel folder that only pip's configuration names.
+    uv is installed into the venv by pip (a 3 s wheel). Returns False, having kept uv's output
+    for the caller's one-line message, where uv cannot be had or fails.
     """
     code, out = pip("install", "-q", "uv", check=False, show=False)
     if code == 0:
         proc = subprocess.run([str(PY), "-m", "uv", "pip", "install", "-q", "--python", str(PY),
-                               "--compile-bytecode", "-e", f"{ROOT}[dev,notebooks]"],
+                               "--compile-bytecode", *uv_flags_from_pip_config(), *requirements],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               errors="replace")
         code, out = proc.returncode, proc.stdout
-        if code == 0:
-            return True
-    say(f"uv could not install the extras ({_last_line(out)}); pip will")
-    return False
+    if code:
+        _UV_FAILURE.append(out)
+    return code == 0
+
+
+#: pip's option -> uv's flag; pip's precedence: environment over site over user over global
+_PIP_TO_UV = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
+              "find-links": "--find-links", "constraint": "--constraint"}
+_SCOPES = (":env:", "site", "user", "global")
+
+
+def uv_flags_from_pip_config() -> list[str]:
+    """The index, extra indexes, wheel folders and constraints of ``pip config list`` as uv's
+    flags, with ``--index-strategy unsafe-best-match`` (pip's rule: the best version from any
+    index, where uv would otherwise stop at the first index that has the package)."""
+    code, out = pip("config", "list", check=False, show=False)
+    chosen: dict[str, tuple[int, list[str]]] = {}
+    for line in out.splitlines() if code == 0 else ():
+        key, sep, value = line.partition("=")
+        scope, _, option = key.rpartition(".")
+        if not sep or option not in _PIP_TO_UV or scope not in _SCOPES:
+            continue
+        rank = _SCOPES.index(scope)
+        if option not in chosen or rank < chosen[option][0]:
+            chosen[option] = (rank, value.strip().strip("'\"").split())
+    flags = ["--index-strategy", "unsafe-best-match"]
+    for option, (_, values) in chosen.items():
+        for value in values[-1:] if option == "index-url" else values:
+            flags += [_PIP_TO_UV[option], value]
+    return flags
 
 
 def compile_sources() -> None:

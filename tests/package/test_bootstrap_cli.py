@@ -129,13 +129,15 @@ def test_package_step_is_one_line_and_idempotent(monkeypatch, capfd, tmp_path):
 
 
 def test_extras_go_in_by_uv_and_by_pip_where_uv_fails(monkeypatch, capfd, tmp_path):
-    """uv installs the extras (the install's longest step, a third of pip's time); where uv
-    cannot be had or fails, one line says so and pip installs them as before."""
+    """uv installs the extras (the install's longest step, a third of pip's time), with pip's
+    configuration as its flags; where uv cannot be had or fails, one line says so and pip
+    installs them as before."""
     monkeypatch.setattr(bootstrap, "STAMP", tmp_path / "stamp")
     calls = _fake_pip(monkeypatch, 0)
     bootstrap.ensure_package()
-    assert [c[0][1:4] for c in calls] == [["-m", "pip", "install"], ["-m", "uv", "pip"]]
-    assert calls[1][0][-2:] == ["-e", f"{bootstrap.ROOT}[dev,notebooks]"]
+    assert [c[0][1:4] for c in calls] == [["-m", "pip", "install"], ["-m", "pip", "config"],
+                                          ["-m", "uv", "pip"]]
+    assert calls[-1][0][-2:] == ["-e", f"{bootstrap.ROOT}[dev,notebooks]"]
     capfd.readouterr()
     (tmp_path / "stamp").unlink()
     calls = _fake_pip(monkeypatch, 1)               # no uv here: pip, whose failure stops set-up
@@ -147,19 +149,63 @@ def test_extras_go_in_by_uv_and_by_pip_where_uv_fails(monkeypatch, capfd, tmp_pa
     assert f"{PREFIX}uv could not install the extras (" in out and "pip will" in out, out
 
 
-def test_cpu_torch_fallback_is_quiet_unless_both_fail(monkeypatch, capfd):
+PIP_CONFIG = """global.cert='/etc/ssl/certs/ca-certificates.crt'
+global.constraint='/etc/xdg/pip/constraints.txt'
+global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'
+global.find-links='/opt/wheels'
+global.index-url='https://global.example/simple'
+user.index-url='https://user.example/simple'
+:env:.find-links='/opt/wheels /srv/more-wheels'
+:env:.default-timeout='180'
+"""
+
+
+def test_pip_config_becomes_uv_flags(monkeypatch):
+    """uv reads no pip configuration: the wheel folder that holds this machine's CPU torch, the
+    extra indexes and the constraints must reach it as flags, each option from the scope pip
+    itself would take (environment over user over global), and pip's best-match rule."""
+    monkeypatch.setattr(bootstrap.subprocess, "run",
+                        lambda cmd, **kw: SimpleNamespace(returncode=0, stdout=PIP_CONFIG))
+    flags = bootstrap.uv_flags_from_pip_config()
+    pairs = list(zip(flags[::2], flags[1::2]))
+    assert pairs[0] == ("--index-strategy", "unsafe-best-match")
+    assert sorted(pairs[1:]) == sorted([
+        ("--constraint", "/etc/xdg/pip/constraints.txt"),
+        ("--extra-index-url", "file:///opt/pypi/simple"),
+        ("--extra-index-url", "file:///opt/pypi-more/simple"),
+        ("--find-links", "/opt/wheels"), ("--find-links", "/srv/more-wheels"),
+        ("--index-url", "https://user.example/simple")])
+    monkeypatch.setattr(bootstrap.subprocess, "run",          # pip config fails: no flags
+                        lambda cmd, **kw: SimpleNamespace(returncode=1, stdout=NOISE))
+    assert bootstrap.uv_flags_from_pip_config() == ["--index-strategy", "unsafe-best-match"]
+
+
+def test_cpu_torch_by_uv_then_pip_quiet_unless_all_fail(monkeypatch, capfd):
     monkeypatch.setattr(bootstrap, "sh", lambda *a, **k: 1)          # "import torch" fails
     monkeypatch.setattr(bootstrap, "has_nvidia_gpu", lambda: False)
-    codes = iter([1, 0])                                              # on-disk build missing
-    monkeypatch.setattr(bootstrap.subprocess, "run",
-                        lambda cmd, **kw: SimpleNamespace(returncode=next(codes), stdout=NOISE))
+
+    def runs(*codes):
+        calls, it = [], iter(codes)
+
+        def fake_run(cmd, **kw):
+            calls.append(cmd)
+            return SimpleNamespace(returncode=next(it), stdout=NOISE)
+        monkeypatch.setattr(bootstrap.subprocess, "run", fake_run)
+        return calls
+
+    calls = runs(0, 0, 0)                                # uv installed, pip config, uv: done
     bootstrap.ensure_torch()
+    assert calls[-1][1:4] == ["-m", "uv", "pip"] and calls[-1][-1] == bootstrap.CPU_TORCH
     out, err = capfd.readouterr()
     assert len(out.splitlines()) == 1 and "installing torch" in out and err == ""
 
-    codes = iter([1, 1])
-    monkeypatch.setattr(bootstrap.subprocess, "run",
-                        lambda cmd, **kw: SimpleNamespace(returncode=next(codes), stdout=NOISE))
+    calls = runs(1, 1, 0)                  # no uv; the on-disk build missing; the CPU index
+    bootstrap.ensure_torch()
+    assert calls[-1][-2:] == ["--index-url", bootstrap.CPU_INDEX]
+    out, err = capfd.readouterr()
+    assert len(out.splitlines()) == 1 and "installing torch" in out and err == ""
+
+    runs(1, 1, 1)
     with pytest.raises(SystemExit, match="could not install torch"):
         bootstrap.ensure_torch()
     assert "is ignored" in capfd.readouterr().err
