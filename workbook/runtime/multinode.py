@@ -77,10 +77,11 @@ def run_nodes(command: list[str], hosts: list[Host], nproc_per_node: int, *,
     """Start one torchrun agent per host, each running ``command`` (a script and its arguments,
     or ``-m module ...``) on ``nproc_per_node`` ranks, and wait for all of them.
 
-    Once an agent failed, an agent whose ranks have all left is stopped after ``LEAVING_S`` (it
-    may wait for its peers in torchrun's exit barrier); one whose ranks still run has ``grace``
-    seconds to let them report (a rank's watchdog ends it within its check's timeout + 20 s).
-    After ``timeout`` seconds all are stopped. ``echo(i, line)`` sees node i's lines as they
+    Once an agent failed, an agent whose ranks have all left is stopped ``LEAVING_S`` after they
+    left (time to report their status; it may then wait for its peers in torchrun's exit
+    barrier); one whose ranks still run has ``grace`` seconds to let them report (a rank's
+    watchdog ends it within its check's timeout + 20 s). After ``timeout`` seconds all are
+    stopped. ``echo(i, line)`` sees node i's lines as they
     come. When this returns, no process of the job is left."""
     port = port or free_port()
     run_id = f"wb{os.getpid()}-{port}"
@@ -98,15 +99,18 @@ def run_nodes(command: list[str], hosts: list[Host], nproc_per_node: int, *,
             readers.append(threading.Thread(target=_read, args=(i, nodes[-1], echo), daemon=True))
             readers[-1].start()
         store = RendezvousStore(hosts[0], port)      # the agents wait for it (their clients retry)
-        start, failed_at = time.monotonic(), None
+        start, failed_at, alone_since = time.monotonic(), None, {}
         while any(n.proc.poll() is None for n in nodes):
             now = time.monotonic()
             if failed_at is None and any(n.returncode not in (None, 0) for n in nodes):
                 failed_at = now
-            for n in nodes:
-                if n.returncode is None and (
-                        timeout is not None and now - start > timeout or failed_at is not None
-                        and now - failed_at > (grace if len(_pids(n.tag)) > 1 else LEAVING_S)):
+            for i, n in enumerate(nodes):
+                if n.returncode is not None:
+                    continue
+                if failed_at is not None and len(_pids(n.tag)) <= 1:
+                    alone_since.setdefault(i, now)       # its ranks have all left: the agent is alone
+                if timeout is not None and now - start > timeout or failed_at is not None and (
+                        now - failed_at > grace or now - alone_since.get(i, now) > LEAVING_S):
                     _stop(n)
             time.sleep(0.2)
     finally:
