@@ -1,4 +1,5 @@
-"""Several torchrun nodes, for real (``workbook/multinode.py``).
+"""Several torchrun nodes, for real (``workbook/runtime/multinode.py``; the hosts:
+``workbook/runtime/hosts.py``; the launcher's rendezvous store: ``workbook/runtime/rendezvous.py``).
 
 Two hosts are two Linux network namespaces joined by a veth pair (addresses inside them only;
 nothing else is contacted). One torchrun agent per host (``--nnodes=2 --nproc_per_node=2``,
@@ -39,7 +40,8 @@ from pathlib import Path
 
 import pytest
 
-from workbook.runtime.multinode import NetnsPair, job_exit_code, run_nodes
+from workbook.runtime.hosts import NetnsPair
+from workbook.runtime.multinode import job_exit_code, run_nodes
 
 from processes import left_running
 
@@ -197,9 +199,10 @@ def test_the_rendezvous_store_serves_until_its_launcher_stops_it():
 
     from torch.distributed import TCPStore
 
-    from workbook.runtime.multinode import Host, Store, free_port
+    from workbook.runtime.hosts import Host, free_port
+    from workbook.runtime.rendezvous import RendezvousStore
     port = free_port()
-    store = Store(Host("here"), port)
+    store = RendezvousStore(Host("here"), port)
     client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
     client.set("left", "node 0")
     assert client.get("left") == b"node 0"
@@ -211,7 +214,7 @@ def test_the_rendezvous_store_serves_until_its_launcher_stops_it():
     with pytest.raises(OSError, match="cannot serve port"):         # a port that is taken
         with socket.socket() as taken:
             taken.bind(("0.0.0.0", 0)), taken.listen()
-            Store(Host("here"), taken.getsockname()[1])
+            RendezvousStore(Host("here"), taken.getsockname()[1])
 
 
 @pytest.mark.parametrize("options, message", [

@@ -13,6 +13,8 @@ so this module gives each rank what the pool gives the launcher:
   while every rank sits in a call or has finished the check, it is a hang (as in
   ``workbook.runtime.pool``: no progress, not a long check); each rank posts the last call its
   flight recorder saw, rank 0 prints the per-rank report, and the job ends with exit status 2.
+  Rank 0 waits for the ranks' last calls only as long as their watchdogs still post: a rank
+  silent for about ``timeout`` is gone (its process, or its node), its last post is its line.
   A check that keeps progressing past its wall limit ends the same way, called "still
   running", not a hang. The process group's own timeout sits far above both, so gloo's "Timed
   out waiting ..." never comes first;
@@ -34,6 +36,7 @@ from workbook.runtime.messages import first_line
 
 PG_TIMEOUT_S = 3600.0        # the process group's timeout: the watchdog always fires first
 BEAT_S = 1.0                 # how often each rank's watchdog posts its progress
+ANSWER_S = 5.0               # after a hang, how long rank 0 waits for each rank's last call
 CPU_BUSY_S = 0.05            # CPU seconds since the last progress that make a rank "computing"
 from workbook.runtime.multinode import EXIT_WITHIN_S  # noqa: E402
 
@@ -159,6 +162,7 @@ class Watchdog(threading.Thread):
         self.job, self._store = job, None
         self.armed_at = self.timeout = self.wall = None
         self.beat = 0
+        self.heard: dict[int, tuple] = {}     # rank -> (its last beat or None, when it changed)
 
     def store(self):
         """A store client of the watchdog's own: the main thread may be blocked inside the job's
@@ -211,10 +215,22 @@ class Watchdog(threading.Thread):
         job, store = self.job, self.store()
         self.beat += 1
         store.set(f"workbook/beat/{job.rank}",
-                  json.dumps(dict(flight.RECORDER.state, cpu=time.process_time())))
+                  json.dumps(dict(flight.RECORDER.state, cpu=time.process_time(), beat=self.beat)))
         keys = [f"workbook/beat/{r}" for r in range(job.world)]
-        return [json.loads(store.get(k)) if store.check([k]) else {"state": "starting"}
-                for k in keys]
+        states = [json.loads(store.get(k)) if store.check([k]) else {"state": "starting"}
+                  for k in keys]
+        now = time.monotonic()
+        for r, s in enumerate(states):                 # a rank never heard of: since now
+            if r not in self.heard or self.heard[r][0] != s.get("beat"):
+                self.heard[r] = (s.get("beat"), now)
+        return states
+
+    def gone(self) -> set[int]:
+        """The ranks whose watchdog has not posted for the hang's timeout, less the beat it is
+        seen at (at least 2 beats): their process, or their node, is gone, and waiting for their
+        last call would only delay the report (a killed host: ``test_multinode.py``)."""
+        quiet, now = max(self.timeout - BEAT_S, 2 * BEAT_S), time.monotonic()
+        return {r for r, (_, seen) in self.heard.items() if now - seen >= quiet}
 
     def fire(self, why: str) -> None:
         from workbook.runtime import flight
@@ -227,7 +243,8 @@ class Watchdog(threading.Thread):
             _wait_keys(store, ["workbook/hang/reported"], 10.0)
             job.finish(2)
         keys = [f"workbook/hang/{r}" for r in range(job.world)]
-        _wait_keys(store, keys, 5.0)
+        gone = self.gone()
+        _wait_keys(store, [k for r, k in enumerate(keys) if r not in gone], ANSWER_S)
         slots = [json.loads(store.get(k)) if store.check([k]) else {"state": "no answer"}
                  for k in keys]
         silent = [r for r, s in enumerate(slots) if s["state"] == "no answer"]

@@ -3,9 +3,9 @@
 On a cluster each node runs one ``torchrun`` agent, and the agents find each other through a
 **c10d rendezvous**: a small key-value store (a TCPStore) at ``--rdzv-endpoint HOST:PORT``
 that every agent joins (by default one agent serves it; here the launcher does, which
-outlives the agents: ``Store`` says why), the nodes are numbered (``GROUP_RANK``,
-in the order of their addresses), and each agent starts ``--nproc-per-node`` ranks. torchrun
-tells each rank where it is:
+outlives the agents: ``workbook.runtime.rendezvous`` says why), the nodes are numbered
+(``GROUP_RANK``, in the order of their addresses), and each agent starts ``--nproc-per-node``
+ranks. torchrun tells each rank where it is:
 
     RANK               0 .. WORLD_SIZE-1 over the whole job (node g holds g*P .. g*P+P-1)
     LOCAL_RANK         0 .. LOCAL_WORLD_SIZE-1 on this node
@@ -20,123 +20,29 @@ Two addresses matter, and a machine not set up for several nodes gets both wrong
 * ``GLOO_SOCKET_IFNAME``: the network interface gloo's ranks listen on. gloo otherwise binds
   to what the host name resolves to, with the same trap.
 
-``run_nodes`` starts one agent per ``Host``. A host is this machine (several "nodes" on
-127.0.0.1: what ``workbook run --nnodes`` does) or a Linux network namespace: ``NetnsPair``
-makes two, joined by a virtual cable (a veth pair), so that each node has its own network
-stack and address, as two machines have (the package's multi-node test; root only).
-``torchrun ... -m workbook.grading.multinode_probe`` has every rank say where it ran.
+``run_nodes`` starts one agent per ``Host`` (``workbook.runtime.hosts``: this machine, several
+"nodes" on 127.0.0.1, which is what ``workbook run --nnodes`` does; or a Linux network
+namespace of a ``NetnsPair``, two of them joined by a virtual cable, as two machines are: the
+package's multi-node test, root only), waits for all of them and leaves no process behind;
+``run_lab`` is ``workbook run --nnodes``: a lab's self-check as such a job, its verdict in a
+few lines. ``torchrun ... -m workbook.grading.multinode_probe`` has every rank say where it ran.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
+from workbook.runtime.hosts import Host, free_port, send_signal
+from workbook.runtime.rendezvous import RendezvousStore
+
 EXIT_WITHIN_S = 20.0    # after a hang report (or the last verdict), every rank of a job is gone by then
 LEAVING_S = 2.0     # once one agent failed, an agent whose ranks have all left is stopped then
-
-
-@dataclass
-class Host:
-    """Where one node's agent runs: ``address`` is how the other nodes reach it, ``ifname`` the
-    interface its ranks' gloo uses, ``netns`` its network namespace (None: this machine)."""
-    name: str
-    address: str = "127.0.0.1"
-    ifname: str = "lo"
-    netns: str | None = None
-
-    def prefix(self) -> list[str]:
-        """What runs a command on this host: nothing here, ``ip netns exec NS`` in a namespace."""
-        return ["ip", "netns", "exec", self.netns] if self.netns else []
-
-
-def free_port() -> int:
-    """A TCP port no one listens on, picked by the OS (a fresh namespace has every port free)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# --------------------------------------------------------------------------- two namespaces
-def _ip(*args: str, check: bool = True) -> str:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if check and proc.returncode:
-        raise OSError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-class NetnsPair:
-    """Two network namespaces joined by a veth pair: two "hosts" on one machine (root only).
-
-    ``with NetnsPair() as hosts`` gives two ``Host``s, 10.A.B.1 and 10.A.B.2 on a /24 that no
-    interface here uses. On leaving, whatever happened, every process inside is killed and both
-    namespaces are deleted (the cable goes with them)."""
-
-    _count = itertools.count()
-
-    def __init__(self):
-        tag = f"{os.getpid()}{next(self._count)}"
-        self.names = [f"wb-{tag}-{i}" for i in range(2)]
-        links = [f"wb{tag}{c}"[-15:] for c in "ab"]          # interface names: 15 characters
-        subnet = _unused_subnet()
-        self.hosts = [Host(ns, f"{subnet}.{i + 1}", link, ns)
-                      for i, (ns, link) in enumerate(zip(self.names, links))]
-
-    def __enter__(self) -> list[Host]:
-        try:
-            for ns in self.names:
-                _ip("netns", "add", ns)
-            a, b = self.hosts
-            _ip("link", "add", a.ifname, "type", "veth", "peer", "name", b.ifname)
-            for h in self.hosts:
-                _ip("link", "set", h.ifname, "netns", h.netns)
-                _ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", h.ifname)
-                _ip("-n", h.netns, "link", "set", h.ifname, "up")
-                _ip("-n", h.netns, "link", "set", "lo", "up")
-        except BaseException:
-            self.close()
-            raise
-        return self.hosts
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def pids(self, i: int) -> list[int]:
-        """Every process running in namespace ``i``."""
-        return [int(p) for p in _ip("netns", "pids", self.names[i], check=False).split()]
-
-    def kill(self, i: int) -> None:
-        """SIGKILL every process in namespace ``i`` (a host that dies), until none is left."""
-        deadline = time.monotonic() + 10
-        while (pids := self.pids(i)) and time.monotonic() < deadline:
-            for pid in pids:
-                _signal(pid, signal.SIGKILL)
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        listed = _ip("netns", "list", check=False).split()
-        for i, ns in enumerate(self.names):
-            if ns in listed:
-                self.kill(i)
-                _ip("netns", "del", ns, check=False)
-        _ip("link", "del", self.hosts[0].ifname, check=False)   # left only by a half set-up
-
-
-def _unused_subnet() -> str:
-    """10.A.B (a /24) from this process's id, moved on while an interface here is in it."""
-    used = _ip("-4", "addr", check=False)
-    for k in range(256):
-        n = (os.getpid() + 7919 * k) % 38400
-        if f" 10.{100 + n // 256}.{n % 256}." not in used:
-            return f"10.{100 + n // 256}.{n % 256}"
-    raise OSError("no free 10.x.y.0/24 subnet")
 
 
 # --------------------------------------------------------------------------- running the nodes
@@ -157,7 +63,7 @@ class Node:
 def torchrun_command(i: int, hosts: list[Host], nproc_per_node: int, port: int, run_id: str,
                      command: list[str]) -> list[str]:
     """Node ``i``'s torchrun line. No agent serves the rendezvous store (``is_host=0``): the
-    launcher does (``Store``, on host 0)."""
+    launcher does (``RendezvousStore``, on host 0)."""
     return [*hosts[i].prefix(), sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={len(hosts)}", f"--nproc-per-node={nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0].address}:{port}",
@@ -171,10 +77,11 @@ def run_nodes(command: list[str], hosts: list[Host], nproc_per_node: int, *,
     """Start one torchrun agent per host, each running ``command`` (a script and its arguments,
     or ``-m module ...``) on ``nproc_per_node`` ranks, and wait for all of them.
 
-    Once an agent failed, an agent whose ranks have all left is stopped after ``LEAVING_S`` (it
-    may wait for its peers in torchrun's exit barrier); one whose ranks still run has ``grace``
-    seconds to let them report (a rank's watchdog ends it within its check's timeout + 20 s).
-    After ``timeout`` seconds all are stopped. ``echo(i, line)`` sees node i's lines as they
+    Once an agent failed, an agent whose ranks have all left is stopped ``LEAVING_S`` after they
+    left (time to report their status; it may then wait for its peers in torchrun's exit
+    barrier); one whose ranks still run has ``grace`` seconds to let them report (a rank's
+    watchdog ends it within its check's timeout + 20 s). After ``timeout`` seconds all are
+    stopped. ``echo(i, line)`` sees node i's lines as they
     come. When this returns, no process of the job is left."""
     port = port or free_port()
     run_id = f"wb{os.getpid()}-{port}"
@@ -191,16 +98,19 @@ def run_nodes(command: list[str], hosts: list[Host], nproc_per_node: int, *,
             nodes.append(Node(host, proc, tag))
             readers.append(threading.Thread(target=_read, args=(i, nodes[-1], echo), daemon=True))
             readers[-1].start()
-        store = Store(hosts[0], port)                # the agents wait for it (their clients retry)
-        start, failed_at = time.monotonic(), None
+        store = RendezvousStore(hosts[0], port)      # the agents wait for it (their clients retry)
+        start, failed_at, alone_since = time.monotonic(), None, {}
         while any(n.proc.poll() is None for n in nodes):
             now = time.monotonic()
             if failed_at is None and any(n.returncode not in (None, 0) for n in nodes):
                 failed_at = now
-            for n in nodes:
-                if n.returncode is None and (
-                        timeout is not None and now - start > timeout or failed_at is not None
-                        and now - failed_at > (grace if len(_pids(n.tag)) > 1 else LEAVING_S)):
+            for i, n in enumerate(nodes):
+                if n.returncode is not None:
+                    continue
+                if failed_at is not None and len(_pids(n.tag)) <= 1:
+                    alone_since.setdefault(i, now)       # its ranks have all left: the agent is alone
+                if timeout is not None and now - start > timeout or failed_at is not None and (
+                        now - failed_at > grace or now - alone_since.get(i, now) > LEAVING_S):
                     _stop(n)
             time.sleep(0.2)
     finally:
@@ -211,62 +121,6 @@ def run_nodes(command: list[str], hosts: list[Host], nproc_per_node: int, *,
         for t in readers:
             t.join(timeout=5)
     return nodes
-
-
-class Store:
-    """The job's rendezvous store (a ``TCPStore`` on every address of ``host`` at ``port``), served
-    by a thread of this process, the launcher: it outlives every agent (an agent that closes the
-    rendezvous last still finds it; run 4's failure, when the serving agent had left first) and
-    leaves with the launcher, however that ends. On a network-namespace host the thread enters
-    the namespace first (``setns``: a thread's own, the process stays where it is)."""
-
-    def __init__(self, host: Host, port: int, wait: float = 60.0):
-        import torch.distributed                   # here, not in the thread: imports stay serial
-        self.host, self.port, self.said = host, port, []
-        self._up, self._done = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True,
-                                        name=f"rendezvous-store-{port}")
-        self._thread.start()
-        if not self._up.wait(wait) or self.said:
-            self.stop()
-            raise OSError(self.said[0] if self.said else
-                          f"rendezvous store: it did not start in {wait:g} s")
-
-    def _serve(self) -> None:
-        try:
-            if self.host.netns:
-                _enter_netns(self.host.netns)
-            from datetime import timedelta
-
-            from torch.distributed import TCPStore
-            store = TCPStore("0.0.0.0", self.port, is_master=True, wait_for_workers=False,
-                             timeout=timedelta(seconds=60))
-        except (OSError, RuntimeError) as exc:     # the port is taken, most often
-            self.said.append(f"rendezvous store: cannot serve port {self.port}: "
-                             f"{exc}".splitlines()[0])
-            self._up.set()
-            return
-        self._up.set()
-        self._done.wait()
-        del store                                  # the server stops, the port closes
-
-    def stop(self) -> None:
-        """Stop serving; return once the port is closed (or, stuck starting, after 10 s: the
-        thread is a daemon, it ends with this process)."""
-        self._done.set()
-        self._thread.join(timeout=10)
-
-
-def _enter_netns(name: str) -> None:
-    """Move the calling thread into network namespace ``name`` (``ip netns``'s, root only)."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, 0x40000000):             # CLONE_NEWNET
-            raise OSError(ctypes.get_errno(), f"setns into {name}: {os.strerror(ctypes.get_errno())}")
-    finally:
-        os.close(fd)
 
 
 def _read(i: int, node: Node, echo) -> None:
@@ -297,7 +151,7 @@ def _stop(node: Node) -> None:
         deadline = time.monotonic() + wait
         for pid in _pids(node.tag):
             seen.add(pid)
-            _signal(pid, sig)
+            send_signal(pid, sig)
         while time.monotonic() < deadline and (node.proc.poll() is None or _pids(node.tag)
                                                or not all(map(_exited, seen))):
             time.sleep(0.05)
@@ -310,13 +164,6 @@ def _exited(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in "ZX"
     except OSError:
         return True
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 ROOT_CAUSE = re.compile(r"rank\s*:\s*0 \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
