@@ -7,8 +7,9 @@ Python package), serve every lesson of this module in turn. JupyterLab's page is
 (parsing and starting its scripts took some seconds of the two cores per lesson when each lesson
 loaded the page anew); each lesson is then opened in it (``docmanager:open``, the previous
 lesson's notebook closed first, so nothing of its layout stays), runs every cell, and must show no
-kernel error, a plotly figure and an ipywidgets control; then its kernel (and the rank pools it
-started) is shut down. The kernels run the lessons at their test size
+kernel error, a plotly figure and an ipywidgets control (each wait is one WebDriver call, the
+page checking the notebook's state every 0.1 s: ``WAIT_JS``); then its kernel (and the rank
+pools it started) is shut down. The kernels run the lessons at their test size
 (``WORKBOOK_LESSONS_TEST_SIZE=1``, as ``test_notebooks.py`` does). The lessons: the first
 one (collectives on ranks), lesson 8 (profiler traces, a benchmark, a widget panel), lesson 9
 (training steps on ranks, bucket timelines, memory figures, a widget), lessons 10 to 13
