@@ -34,7 +34,8 @@ from workbook.pipeline_parallel import pp_overlap_lesson as lesson
 PRESET = "dgx-h100"
 P, M = 4, 8                      # the pipeline drawn on paper: 4 stages, 8 micro-batches
 STAGES, MICRO, ROWS = 2, 8, 1    # the one run on your ranks: 2 stages, 8 micro-batches of 1 row
-MODEL = dict(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, seq_len=256, vocab_size=256)
+MODEL = dict(hidden=256, heads=4, ffn_hidden=1024, n_layers=4, vocab_size=256,
+             seq_len=sized(256, in_tests=128))          # the tests: 128 tokens a row
 runs = Path(tempfile.mkdtemp(prefix="lesson10-"))
 
 SHOWN = yours_reference_or_recorded("pp_overlap")   # "yours", "reference", or "recorded" (a release)

@@ -307,7 +307,7 @@ if IMPL == "solutions":
 # heads of 64: a hop moves 4 MiB.
 
 # %%
-S_MAIN = 4096
+S_MAIN = sized(4096, in_tests=2048)     # tokens of the traced step (the tests: 2048)
 main = on_ranks(lesson.ring_step, RANKS, str(runs / "main"), IMPL, S_MAIN, ("zigzag", "contiguous"),
                 link=PRESET, timeout=180)
 sim = link.make_link(PRESET, main[0]["local_flops"])              # as the ranks calibrated it

@@ -278,7 +278,8 @@ IMPL = "labs" if SHOWN == "yours" else "solutions"
 result = bench.measure(impl=IMPL, nproc=2, links=["dgx-h100"], repeats=1,
                        warmup=sized(1, in_tests=0), pool=True,
                        variants=["interleaved_v2", "zbv"], hidden=256,
-                       layers=4, seq=256, rows=1, micro_batches=8, heads=4)
+                       layers=4, seq=sized(256, in_tests=128), rows=1, micro_batches=8,
+                       heads=4)
 print(f"{'your' if IMPL == 'labs' else 'the REFERENCE'} executor and schedules:")
 print(bench.report(result))
 

@@ -7,8 +7,9 @@ Python package), serve every lesson of this module in turn. JupyterLab's page is
 (parsing and starting its scripts took some seconds of the two cores per lesson when each lesson
 loaded the page anew); each lesson is then opened in it (``docmanager:open``, the previous
 lesson's notebook closed first, so nothing of its layout stays), runs every cell, and must show no
-kernel error, a plotly figure and an ipywidgets control; then its kernel (and the rank pools it
-started) is shut down. The kernels run the lessons at their test size
+kernel error, a plotly figure and an ipywidgets control (each wait is one WebDriver call, the
+page checking the notebook's state every 0.1 s: ``WAIT_JS``); then its kernel (and the rank
+pools it started) is shut down. The kernels run the lessons at their test size
 (``WORKBOOK_LESSONS_TEST_SIZE=1``, as ``test_notebooks.py`` does). The lessons: the first
 one (collectives on ranks), lesson 8 (profiler traces, a benchmark, a widget panel), lesson 9
 (training steps on ranks, bucket timelines, memory figures, a widget), lessons 10 to 13
@@ -156,8 +157,8 @@ for (let i = 0; i < cells.length; i++) {
   code += 1;
   if (c.executionCount) done += 1;
   for (let j = 0; j < c.outputs.length; j++) {
-    const o = c.outputs.get(j).toJSON();
-    if (o.output_type === 'error') errors.push(o.ename + ': ' + o.evalue);
+    const o = c.outputs.get(j);                // only an error output is serialised
+    if (o.type === 'error') { const e = o.toJSON(); errors.push(e.ename + ': ' + e.evalue); }
   }
 }
 return {status: kernel ? kernel.status : 'none', code: code, done: done, errors: errors,
@@ -165,6 +166,23 @@ return {status: kernel ? kernel.status : 'none', code: code, done: done, errors:
         widgets: document.querySelectorAll('.jp-OutputArea-output .widget-slider, '
                                            + '.jp-OutputArea-output .widget-dropdown').length};
 """
+
+# Waiting for a state, inside the page: STATE_JS every ``every`` ms until ``until(state)`` holds or
+# ``seconds`` pass; then {ok, state} (the last state read). One WebDriver call per wait, where a
+# poll from Python cost an HTTP round trip through chromedriver four or five times a second.
+WAIT_JS = """
+const [until, seconds, every] = arguments;
+const read = new Function(%s);
+const holds = new Function('s', 'return (' + until + ');');
+const deadline = performance.now() + 1000 * seconds;
+let s = null;
+for (;;) {
+  try { s = read(); } catch (e) { s = null; }
+  if (s && holds(s)) return {ok: true, state: s};
+  if (performance.now() >= deadline) return {ok: false, state: s};
+  await new Promise(r => setTimeout(r, every));
+}
+""" % json.dumps(STATE_JS)
 
 
 # A lesson opened in the page already loaded: every notebook of the main area closed first (marked
@@ -187,6 +205,18 @@ PAINTED_JS = """
 await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
 return true;
 """
+
+
+def _wait_in_page(driver: "WebDriver", what: str, until: str, timeout: float,
+                  every_ms: int = 100) -> dict:
+    """The notebook's state (STATE_JS) once the JavaScript condition ``until`` (on ``s``) holds,
+    waited for in the page (WAIT_JS), checked every ``every_ms`` ms; an AssertionError naming
+    ``what`` and the last state after ``timeout`` seconds."""
+    got = driver.js_async(WAIT_JS, until, timeout, every_ms, timeout=timeout + 30)
+    if not got["ok"]:
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {what} "
+                             f"(last: {got['state']!r})")
+    return got["state"]
 
 
 class Browser:
@@ -279,22 +309,14 @@ def test_lesson_runs_in_chromium(browser, lesson):
     try:
         # in the page loaded once: the previous lesson's notebook closed, this one opened
         driver.js_async(OPEN_JS, lesson, timeout=120)
-        _wait_until("the notebook and its kernel", lambda: (driver.js(STATE_JS) or {}).get("status")
-                    == "idle", 120, every=0.2)
+        _wait_in_page(driver, "the notebook and its kernel", "s.status === 'idle'", 120)
         driver.js("window.jupyterapp.commands.execute('notebook:run-all-cells'); return true;")
-
-        def finished():
-            s = driver.js(STATE_JS)
-            if s and s["errors"]:
-                return s
-            return s if s and s["done"] == s["code"] and s["status"] == "idle" else None
-
-        state = _wait_until("every cell to run", finished, RUN_TIMEOUT_S, every=0.25)
+        state = _wait_in_page(driver, "every cell to run", "s.errors.length > 0 || "
+                              "(s.done === s.code && s.status === 'idle')", RUN_TIMEOUT_S)
         # the widget panel re-renders its figure asynchronously: give the renderers a moment
         if not state["errors"]:
-            state = _wait_until("a plotly figure and a widget", lambda: (
-                lambda s: s if s["plots"] and s["widgets"] else None)(driver.js(STATE_JS)), 30,
-                every=0.2)
+            state = _wait_in_page(driver, "a plotly figure and a widget",
+                                  "s.plots > 0 && s.widgets > 0", 30)
         driver.js("const w = document.querySelector('.jp-OutputArea-output .widget-dropdown');"
                   "if (w) w.scrollIntoView({block: 'start'}); return true;")   # controls + figure
         driver.js_async(PAINTED_JS)
