@@ -158,6 +158,9 @@ def cmd_grade(args) -> int:
     env = course_env(repo_root())
     if args.max_ranks is not None:
         env["WORKBOOK_MAX_RANKS"] = str(args.max_ranks)
+    # a warm rank keeps the weights it drew (workbook.model.init.full_weight), the same values:
+    # the checks build the same small models again and again (28 MB of them a rank)
+    env.setdefault("WORKBOOK_WEIGHT_CACHE_MB", "64")
     return subprocess.call(cmd + args.pytest_args, cwd=repo_root(), env=env)
 
 

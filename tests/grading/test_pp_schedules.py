@@ -45,6 +45,7 @@ from workbook.grading.checks import numbers_first
 from workbook.grading.engine import graded_size, on_ranks, simulated_link, world_sizes
 from workbook.grading.model_checks import raise_if_failed, rank_error, to_cpu
 from workbook.grading.overlap_run import profile_lab_step
+from workbook.grading.threads import one_thread
 from workbook.grading.trace_checks import OverlapCheck, trace_root_fixture
 from workbook.grading.traffic_link import untimed_link
 from workbook.link.program_order import waited_at_once
@@ -262,10 +263,11 @@ def _reference(tag: str, cfg):
     key = (tag, cfg.n_layers)
     if key not in _REFERENCE:
         from workbook.model import ReferenceModel, grads_by_name, make_batch
-        model = ReferenceModel(cfg)
-        tokens, targets = make_batch(cfg, ROWS * M, seed=3)
-        loss = model(tokens, targets)
-        loss.backward()
+        with one_thread():                      # a tiny model (threads.py)
+            model = ReferenceModel(cfg)
+            tokens, targets = make_batch(cfg, ROWS * M, seed=3)
+            loss = model(tokens, targets)
+            loss.backward()
         _REFERENCE[key] = (loss.item(), grads_by_name(model))
     return _REFERENCE[key]
 

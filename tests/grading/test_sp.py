@@ -26,6 +26,7 @@ from workbook.grading.engine import graded_size, on_ranks, world_sizes
 from workbook.grading.model_checks import B, STEP, build_errors, check_divisibility, check_grads, \
     check_ops, check_part, compare, configs, cut, grads, ints, raise_if_failed, randn, ranks_label, \
     run_case, run_every_part, sequence_parallel_linears, to_cpu, tolerance, traced_block_phases
+from workbook.grading.threads import one_thread
 
 TIMEOUT_S = 120.0
 LAB = "sp"
@@ -114,12 +115,14 @@ PARTS = {"linear": _run_linears, "mlp": _run_module("mlp"), "attn": _run_module(
 
 def _run_all() -> dict:
     """On every rank: every part of the lab on every config of this world size (the memory
-    run on fp64 only)."""
+    run on fp64 only), on one intra-op thread (``workbook.grading.threads``: the cases are tiny)."""
     import torch.distributed as dist
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
     lab, n = load_lab(LAB), dist.get_world_size()
-    res = run_every_part(lab, _run_ops, PARTS, skip=lambda part, tag: part == "memory" and "fp32" in tag)
+    with one_thread():
+        res = run_every_part(lab, _run_ops, PARTS,
+                             skip=lambda part, tag: part == "memory" and "fp32" in tag)
     if n > 1:                                  # a sequence length that does not split
         good = ModelConfig.odd_shapes() if n == 3 else ModelConfig()
         bad = good.replace(seq_len=10)
@@ -141,15 +144,16 @@ def _part_test(part: str, points: int, tasks: tuple, doc: str):
     @pytest.mark.points(points)
     @pytest.mark.tasks(*tasks)
     def test():
-        try:
-            if part == "model":                # its first sub-step on its own: names it at any level
-                _check_embedding()
-            check_part(LAB, part, _results, _linears, synced=True)
-        except AssertionError as exc:
-            cause = _unsynced_cause(part) or _dropout_cause(part)
-            if cause is None:
-                raise
-            raise AssertionError(f"{exc}\nLikely cause: {cause}") from None
+        with one_thread():                     # the references: tiny cases (threads.py)
+            try:
+                if part == "model":            # its first sub-step on its own: names it at any level
+                    _check_embedding()
+                check_part(LAB, part, _results, _linears, synced=True)
+            except AssertionError as exc:
+                cause = _unsynced_cause(part) or _dropout_cause(part)
+                if cause is None:
+                    raise
+                raise AssertionError(f"{exc}\nLikely cause: {cause}") from None
     test.__doc__ = doc
     return test
 

@@ -24,6 +24,7 @@ from workbook.grading.engine import graded_size, on_ranks, world_sizes
 from workbook.grading.model_checks import B, STEP, build_errors, check_divisibility, check_grads, \
     check_ops, check_part, compare, configs, cut, grads, ints, raise_if_failed, randn, reference, \
     run_case, run_every_part, to_cpu, tolerance, traced_block_phases
+from workbook.grading.threads import one_thread
 
 TIMEOUT_S = 120.0
 LAB = "tp"
@@ -145,12 +146,14 @@ PARTS = {"linear": _run_linears, "mlp": _run_module("mlp"), "attn": _run_module(
 
 
 def _run_all() -> dict:
-    """On every rank: every part of the lab on every config of this world size."""
+    """On every rank: every part of the lab on every config of this world size, on one intra-op
+    thread (``workbook.grading.threads``: the cases are tiny)."""
     import torch.distributed as dist
     from workbook.grading.labs import load_lab
     from workbook.model import ModelConfig
     lab, n = load_lab(LAB), dist.get_world_size()
-    res = run_every_part(lab, _run_ops, PARTS)
+    with one_thread():
+        res = run_every_part(lab, _run_ops, PARTS)
     if n > 1:                                  # the divisibility error: shapes that do not split
         good = ModelConfig() if n == 4 else ModelConfig.odd_shapes()
         bad = ModelConfig.odd_shapes() if n == 4 else ModelConfig()
@@ -172,10 +175,11 @@ def _part_test(part: str, points: int, tasks: tuple, doc: str):
     @pytest.mark.points(points)
     @pytest.mark.tasks(*tasks)
     def test():
-        if part == "model":
-            _with_likely_cause(_check_vocab_steps, _vocab_causes)
-        _with_likely_cause(lambda: check_part(LAB, part, _results, _linears),
-                           lambda: _part_causes(part))
+        with one_thread():                      # the references: tiny cases (threads.py)
+            if part == "model":
+                _with_likely_cause(_check_vocab_steps, _vocab_causes)
+            _with_likely_cause(lambda: check_part(LAB, part, _results, _linears),
+                               lambda: _part_causes(part))
     test.__doc__ = doc
     return test
 

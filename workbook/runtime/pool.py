@@ -51,9 +51,11 @@ POLL_S = 0.25                  # how often the launcher reads the ranks' flight-
 CPU_BUSY_S = 0.05              # CPU seconds that make a rank outside a call "computing" (see _computing)
 # Imported once in the fork server, so that every rank shares these pages instead of importing
 # its own copy: symbolic_shapes (and sympy, 30+ MB) is what torch imports on the first
-# ``backward(gradient)`` of a rank, which most labs' checks make.
-PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "cloudpickle",
-           "workbook.link", "workbook.runtime.flight", "workbook.runtime.ranks",
+# ``backward(gradient)`` of a rank, which most labs' checks make; torch._dynamo (1.2 CPU s a
+# rank) what it imports on a rank's first optimizer step or ``record_function`` (a traced step),
+# which most ranks of the graders make.
+PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "torch._dynamo",
+           "cloudpickle", "workbook.link", "workbook.runtime.flight", "workbook.runtime.ranks",
            "workbook.runtime.rank_loop"]
 
 
