@@ -32,6 +32,7 @@ import atexit
 import os
 import pickle
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -424,6 +425,16 @@ def stop_fork_server() -> None:
     starts a new fork server."""
     close_shared_pools()
     from multiprocessing import forkserver, resource_tracker
+    # The fork server holds nothing to save, and its own exit would tear torch and sympy down
+    # object by object (about a CPU second, and seconds of a loaded machine's wall clock before
+    # `workbook run` returns): it is killed, then _stop closes its pipe, reaps it and removes
+    # its socket as after a plain exit.
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     for server in (forkserver._forkserver, resource_tracker._resource_tracker):
         try:                           # both are stopped by closing their pipe, then waited for
             server._stop()
