@@ -412,6 +412,26 @@ def shared_pool(world_size: int, backend: str | None = None, *,
     return pool
 
 
+@atexit.register           # after close_shared_pools: atexit runs the last registered first
+def kill_fork_server(reap: bool = True) -> None:
+    """Kill the fork server this process started, if any (at exit, and in ``stop_fork_server``).
+
+    It holds nothing to save, and left to exit on its own when this process's end closes its
+    pipe, it would tear torch and sympy down object by object: about a CPU second each, spent
+    after this process has gone (every grading process, lesson kernel and ``workbook`` command
+    that started ranks has one). ``reap``: wait for it here, so that no zombie waits for init
+    (``stop_fork_server`` leaves that to multiprocessing's own stop, which must see it)."""
+    from multiprocessing import forkserver
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            if reap:
+                os.waitpid(pid, 0)
+        except OSError:                    # gone already, or reaped (ChildProcessError)
+            pass
+
+
 @atexit.register
 def close_shared_pools() -> None:
     for pool in _POOLS.values():
@@ -425,16 +445,10 @@ def stop_fork_server() -> None:
     starts a new fork server."""
     close_shared_pools()
     from multiprocessing import forkserver, resource_tracker
-    # The fork server holds nothing to save, and its own exit would tear torch and sympy down
-    # object by object (about a CPU second, and seconds of a loaded machine's wall clock before
-    # `workbook run` returns): it is killed, then _stop closes its pipe, reaps it and removes
-    # its socket as after a plain exit.
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if pid:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    # killed (its own exit costs a CPU second and seconds of a loaded machine's wall clock
+    # before `workbook run` returns), then _stop closes its pipe, reaps it and removes its
+    # socket as after a plain exit
+    kill_fork_server(reap=False)
     for server in (forkserver._forkserver, resource_tracker._resource_tracker):
         try:                           # both are stopped by closing their pipe, then waited for
             server._stop()
