@@ -38,6 +38,7 @@ PG_TIMEOUT_S = 3600.0        # the process group's timeout: the watchdog always 
 BEAT_S = 1.0                 # how often each rank's watchdog posts its progress
 ANSWER_S = 5.0               # after a hang, how long rank 0 waits for each rank's last call
 CPU_BUSY_S = 0.05            # CPU seconds since the last progress that make a rank "computing"
+REBUILD_TRIES = 3            # fresh groups tried after a failed check before the job gives up
 from workbook.runtime.multinode import EXIT_WITHIN_S  # noqa: E402
 
 
@@ -98,18 +99,46 @@ class JobRanks:
             self.watchdog.disarm()
         errors = {r: o[1] for r, o in enumerate(outcomes) if o[0] == "err"}
         if errors:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            self.generation += 1
             self.links.clear()
             primary = _reraise(_primary(errors), self.world)
             try:
-                self._init()                   # a fresh group for the next check
+                self.rebuild()                 # a fresh group for the next check
             except Exception as exc:           # noqa: BLE001 - never hides the job's own error
                 primary.add_note(f"(the job's process group could not be rebuilt after it: "
                                  f"{type(exc).__name__}: {first_line(str(exc), 160)})")
             raise primary
         return [o[1] for o in outcomes]
+
+    def rebuild(self) -> None:
+        """A fresh process group after a failed check, agreed by every rank through the store.
+
+        Each rank builds generation g+1 and posts whether it could; where any rank could not
+        (gloo's full mesh can fail under load: "Connection closed by peer" while the ranks
+        connect, seen once in ~30 runs of the test command), every rank drops what it built and
+        tries g+2, up to ``REBUILD_TRIES``. Without the agreement one rank would go on with no
+        group while the others had one, and the job's ranks would leave the checks out of step.
+        """
+        import torch.distributed as dist
+        failure = None
+        for _ in range(REBUILD_TRIES):
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.generation += 1
+            try:
+                self._init()
+                mine = b"ok"
+            except Exception as exc:                        # noqa: BLE001 - agreed on below
+                failure, mine = exc, first_line(f"{type(exc).__name__}: {exc}", 160).encode()
+            keys = [f"workbook/rebuilt/{self.generation}/{r}" for r in range(self.world)]
+            self.store.set(keys[self.rank], mine)
+            self.store.wait(keys)
+            said = [self.store.get(k) for k in keys]
+            if all(s == b"ok" for s in said):
+                return
+            failure = failure or RuntimeError(next(s for s in said if s != b"ok").decode())
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise failure
 
     # -- leaving
     def finish(self, code: int) -> None:
