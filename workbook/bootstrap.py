@@ -107,7 +107,7 @@ def ensure_torch() -> None:
         pip("install", "-q", "torch>=2.4")
         return
     say("installing torch (CPU build: no NVIDIA GPU here)")
-    if uv_install(CPU_TORCH):
+    if uv_install(CPU_TORCH) is None:
         return
     code, first = pip("install", "-q", CPU_TORCH, check=False, show=False)
     if code == 0:
@@ -134,16 +134,14 @@ def _install_with_uv() -> bool:
     or fails, one line says so and returns False, and pip does the install as before. torch is
     already in the venv (``ensure_torch``) and satisfies the package's ``torch>=2.4``, so uv
     leaves it as it is."""
-    if uv_install("-e", f"{ROOT}[dev,notebooks]"):
+    failure = uv_install("-e", f"{ROOT}[dev,notebooks]")
+    if failure is None:
         return True
-    say(f"uv could not install the extras ({_last_line(_UV_FAILURE[-1])}); pip will")
+    say(f"uv could not install the extras ({_last_line(failure)}); pip will")
     return False
 
 
-_UV_FAILURE = ["uv not tried"]
-
-
-def uv_install(*requirements: str) -> bool:
+def uv_install(*requirements: str) -> str | None:
     """``pip install REQUIREMENTS`` done by uv, from the indexes and wheel folders pip would use.
 
     uv installs the same packages and versions in about a third of pip's time: it unpacks and
@@ -152,8 +150,8 @@ def uv_install(*requirements: str) -> bool:
     uv does not read pip's configuration, so ``pip config list`` (files and ``PIP_*``
     variables) is passed on as uv's flags (``uv_flags_from_pip_config``): on this course's
     machines the CPU build of torch lies in a wheel folder that only pip's configuration names.
-    uv is installed into the venv by pip (a 3 s wheel). Returns False, having kept uv's output
-    for the caller's one-line message, where uv cannot be had or fails.
+    uv is installed into the venv by pip (a 3 s wheel). Returns None when it installed them,
+    else the output of what failed (pip installing uv, or uv), for the caller's one-line message.
     """
     code, out = pip("install", "-q", "uv", check=False, show=False)
     if code == 0:
@@ -162,9 +160,7 @@ def uv_install(*requirements: str) -> bool:
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               errors="replace")
         code, out = proc.returncode, proc.stdout
-    if code:
-        _UV_FAILURE.append(out)
-    return code == 0
+    return out if code else None
 
 
 #: pip's option -> uv's flag; pip's precedence: environment over site over user over global
